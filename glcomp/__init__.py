@@ -1,0 +1,40 @@
+"""glcomp: compile neural networks into GLSL ES shaders that train them on any WebGL GPU.
+
+Front-end -> IR -> passes -> kernel plan -> GLSL -> bundle -> runtime.
+"""
+
+from glcomp import ir  # noqa: F401  (populates the op registry)
+from glcomp import nn, optim
+from glcomp.compiler import compile
+from glcomp.errors import GlcompError
+from glcomp.ir.graph import Graph
+from glcomp.ir.tensor import Tensor, cat, stack
+from glcomp.ir.trace import trace
+from glcomp.nn.init import manual_seed
+from glcomp.program import Program
+
+__version__ = "0.1.0"
+
+
+def load(directory: str) -> "object":
+    """Load a saved bundle directory and return a GL runtime for it (validates it first)."""
+    from glcomp.codegen.bundle import load_bundle
+    from glcomp.runtime.gl import GLRuntime
+
+    return GLRuntime(load_bundle(directory))
+
+
+__all__ = [
+    "Graph",
+    "GlcompError",
+    "Program",
+    "Tensor",
+    "cat",
+    "compile",
+    "load",
+    "manual_seed",
+    "nn",
+    "optim",
+    "stack",
+    "trace",
+]

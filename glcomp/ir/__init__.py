@@ -1,0 +1,7 @@
+"""The IR: graph, op registry, symbolic tensors, tracing and passes."""
+
+from glcomp.ir import ops  # noqa: F401  (populates the registry)
+from glcomp.ir.graph import Graph, origin
+from glcomp.ir.tensor import Tensor
+
+__all__ = ["Graph", "Tensor", "origin"]

@@ -1,0 +1,113 @@
+"""Tracing: run a Module's forward on symbolic tensors and record the IR graph."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+from glcomp.errors import GlcompError
+from glcomp.ir.graph import Graph
+from glcomp.ir.tensor import Tensor
+from glcomp.nn.module import _TRACE, Module, TraceState
+
+
+def is_counter(value: np.ndarray) -> bool:
+    """Integer buffers (BatchNorm's num_batches_tracked) are host-side counters, not tensors."""
+    return np.issubdtype(np.asarray(value).dtype, np.integer)
+
+
+def check_input_names(model: Module, shapes: dict[str, Any]) -> None:
+    params = inspect.signature(model.forward).parameters
+    names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    unknown = [n for n in shapes if n not in names and not takes_kwargs]
+    if unknown:
+        raise GlcompError(
+            f"({type(model).__name__}): unknown input names {unknown}; forward() takes {names}"
+        )
+    required = [
+        n for n, p in params.items()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    missing = [n for n in required if n not in shapes]
+    if missing:
+        raise GlcompError(f"({type(model).__name__}): no shape given for forward() inputs {missing}")
+
+
+def _shape(name: str, value: Any) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in value)
+    except TypeError:
+        raise GlcompError(f"input {name!r}: shape must be a tuple of ints, got {value!r}") from None
+    if any(s < 1 for s in shape):
+        raise GlcompError(f"input {name!r}: every dimension must be positive, got {shape}")
+    return shape
+
+
+def trace_module(
+    model: Module, input_shapes: dict[str, Any], training: bool = False
+) -> tuple[Graph, TraceState, Any]:
+    """Trace `model.forward` in train or eval mode.
+
+    Returns the graph (inputs: data inputs, every float parameter as role ``param`` and every
+    float buffer as role ``buffer``), the trace state (with any running-statistics updates) and
+    the forward's raw result (Tensors in the graph).
+    """
+    if not isinstance(model, Module):
+        raise GlcompError(f"expected a glcomp.nn.Module, got {type(model).__name__}")
+    check_input_names(model, input_shapes)
+    graph = Graph()
+    state = TraceState()
+    was_training = model.training
+    model.train(training)
+    try:
+        for path, m in model.named_modules():
+            state.paths[id(m)] = path
+        args = {n: Tensor(graph, graph.add_input(n, _shape(n, s), "data")) for n, s in input_shapes.items()}
+        for path, m in model.named_modules():
+            prefix = f"{path}." if path else ""
+            for name, p in m._parameters.items():
+                node = graph.add_input(prefix + name, p.data.shape, "param")
+                state.values[(id(m), name)] = Tensor(graph, node)
+            for name, b in m._buffers.items():
+                if not is_counter(b):
+                    node = graph.add_input(prefix + name, np.shape(b), "buffer")
+                    state.values[(id(m), name)] = Tensor(graph, node)
+        token = _TRACE.set(state)
+        try:
+            result = model(**args)
+        finally:
+            _TRACE.reset(token)
+    finally:
+        model.train(was_training)
+    return graph, state, result
+
+
+def trace(model: Module, training: bool = False, **input_shapes: Any) -> Graph:
+    """Trace a model into a Graph whose output ``output`` is the forward's result.
+
+    ``glcomp.trace(model, x=(64, 1, 8, 8))`` traces in eval mode; pass ``training=True`` for
+    train-mode behaviour (batch statistics). The graph is validated before it is returned.
+    """
+    graph, _, result = trace_module(model, input_shapes, training)
+    set_outputs(graph, result, type(model).__name__)
+    graph = graph.prune()
+    graph.validate()
+    return graph
+
+
+def set_outputs(graph: Graph, result: Any, owner: str) -> None:
+    """Name the forward's result: ``output`` for a tensor, ``output.i`` for nested tuples."""
+
+    def walk(value: Any, name: str) -> None:
+        if isinstance(value, Tensor):
+            graph.outputs[name] = value.node
+        elif isinstance(value, tuple | list):
+            for i, v in enumerate(value):
+                walk(v, f"{name}.{i}")
+        else:
+            raise GlcompError(f"({owner}): forward() returned {type(value).__name__}, expected tensors")
+
+    walk(result, "output")

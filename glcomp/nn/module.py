@@ -1,0 +1,229 @@
+"""`Module` and `Parameter`: torch.nn's container semantics over numpy weights.
+
+Outside tracing a module only holds numpy data. Inside `glcomp.trace` its parameters and
+buffers read as symbolic Tensors bound to graph inputs, and every call records the module's
+path and class as the origin of the nodes it creates (e.g. ``features.0 (Conv2d)``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from glcomp.errors import GlcompError
+from glcomp.ir.graph import origin
+from glcomp.ir.tensor import Tensor
+
+
+class Parameter:
+    """A trainable float32 array; `requires_grad=False` freezes it."""
+
+    def __init__(self, data: Any, requires_grad: bool = True) -> None:
+        self.data = np.array(data, dtype=np.float32)
+        self.requires_grad = requires_grad
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    def requires_grad_(self, flag: bool = True) -> Parameter:
+        self.requires_grad = flag
+        return self
+
+    def numpy(self) -> np.ndarray:
+        return self.data
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.shape}, requires_grad={self.requires_grad})"
+
+
+@dataclass
+class TraceState:
+    """What a running trace binds: module paths, symbolic values of parameters and buffers,
+    and the buffer updates (running statistics) that train-mode forwards produce."""
+
+    paths: dict[int, str] = field(default_factory=dict)
+    values: dict[tuple[int, str], Tensor] = field(default_factory=dict)
+    buffer_updates: dict[str, Tensor] = field(default_factory=dict)
+
+
+_TRACE: contextvars.ContextVar[TraceState | None] = contextvars.ContextVar("glcomp_trace", default=None)
+
+
+def active_trace() -> TraceState | None:
+    return _TRACE.get()
+
+
+class Module:
+    """Base class of models: subclass it, assign sub-modules and Parameters in `__init__`,
+    and write `forward` with torch operations on the tensors it receives."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "training", True)
+
+    # -- attribute plumbing -----------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_parameters" not in self.__dict__:
+            raise GlcompError(f"{type(self).__name__}.__init__ must call super().__init__() first")
+        for store in ("_parameters", "_buffers", "_modules"):
+            self.__dict__[store].pop(name, None)
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        d = self.__dict__
+        for store in ("_parameters", "_buffers"):
+            if name in d.get(store, {}):
+                state = _TRACE.get()
+                if state is not None and (id(self), name) in state.values:
+                    return state.values[(id(self), name)]
+                return d[store][name]
+        if name in d.get("_modules", {}):
+            return d["_modules"][name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def register_buffer(self, name: str, value: Any) -> None:
+        self._buffers[name] = np.array(value)
+
+    def register_parameter(self, name: str, value: Parameter | None) -> None:
+        if value is not None:
+            self._parameters[name] = value
+
+    def add_module(self, name: str, module: Module) -> None:
+        self._modules[name] = module
+
+    # -- traversal ------------------------------------------------------------------------------
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        yield prefix, self
+        for name, m in self._modules.items():
+            yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self) -> Iterator[Module]:
+        for _, m in self.named_modules():
+            yield m
+
+    def children(self) -> Iterator[Module]:
+        yield from self._modules.values()
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        for path, m in self.named_modules():
+            for name, p in m._parameters.items():
+                yield (f"{path}.{name}" if path else name), p
+
+    def parameters(self) -> Iterator[Parameter]:
+        for _, p in self.named_parameters():
+            yield p
+
+    def named_buffers(self) -> Iterator[tuple[str, np.ndarray]]:
+        for path, m in self.named_modules():
+            for name, b in m._buffers.items():
+                yield (f"{path}.{name}" if path else name), b
+
+    # -- modes ------------------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> Module:
+        for m in self.modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self) -> Module:
+        return self.train(False)
+
+    def requires_grad_(self, flag: bool = True) -> Module:
+        for p in self.parameters():
+            p.requires_grad = flag
+        return self
+
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters and buffers by torch name, as copies."""
+        out = {k: p.data.copy() for k, p in self.named_parameters()}
+        out.update({k: np.array(b) for k, b in self.named_buffers()})
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
+        """Load numpy arrays (e.g. a torch state_dict converted with `.numpy()`).
+
+        All entries are checked before any is written: a missing, unexpected or wrongly shaped
+        entry raises GlcompError and leaves the module unchanged."""
+        targets = {k: ("param", m, n) for k, m, n in self._slots("_parameters")}
+        targets |= {k: ("buffer", m, n) for k, m, n in self._slots("_buffers")}
+        check_state(state, {k: _slot_shape(t) for k, t in targets.items()}, type(self).__name__, strict)
+        for key, (kind, module, name) in targets.items():
+            if key not in state:
+                continue
+            value = np.asarray(state[key])
+            if kind == "param":
+                module._parameters[name].data = value.astype(np.float32).copy()
+            else:
+                old = module._buffers[name]
+                module._buffers[name] = value.astype(old.dtype).reshape(old.shape).copy()
+
+    def _slots(self, store: str) -> Iterator[tuple[str, Module, str]]:
+        for path, m in self.named_modules():
+            for name in getattr(m, store):
+                yield (f"{path}.{name}" if path else name), m, name
+
+    # -- calling ----------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        state = _TRACE.get()
+        if state is None:
+            raise GlcompError(
+                f"{type(self).__name__} was called outside a trace: glcomp modules run through "
+                "glcomp.compile(...) or glcomp.trace(...)"
+            )
+        path = state.paths.get(id(self), "")
+        label = f"{path} ({type(self).__name__})" if path else f"({type(self).__name__})"
+        with origin(label):
+            return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise GlcompError(f"{type(self).__name__} does not define forward()")
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        for name, m in self._modules.items():
+            lines.append(f"  ({name}): " + repr(m).replace("\n", "\n  "))
+        return lines[0] + (")" if len(lines) == 1 else "\n" + "\n".join(lines[1:]) + "\n)")
+
+
+def _slot_shape(target: tuple[str, Module, str]) -> tuple[int, ...]:
+    kind, module, name = target
+    store = module._parameters if kind == "param" else module._buffers
+    return tuple(np.shape(store[name].data if kind == "param" else store[name]))
+
+
+def check_state(
+    state: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]], owner: str, strict: bool = True
+) -> None:
+    """Raise GlcompError naming every missing, unexpected or wrongly shaped entry."""
+    problems = []
+    if strict:
+        missing = [k for k in expected if k not in state]
+        extra = [k for k in state if k not in expected]
+        if missing:
+            problems.append(f"missing keys {missing}")
+        if extra:
+            problems.append(f"unexpected keys {extra}")
+    for key, shape in expected.items():
+        if key in state:
+            given = tuple(np.shape(state[key]))
+            if given != tuple(shape) and not (np.prod(given) == np.prod(shape) == 1):
+                problems.append(f"{key!r} expected shape {tuple(shape)} but got {given}")
+            elif not np.all(np.isfinite(np.asarray(state[key], dtype=np.float64))):
+                problems.append(f"{key!r} holds NaN or infinite values")
+    if problems:
+        raise GlcompError(f"load_state_dict into {owner}: " + "; ".join(problems) + " (nothing was loaded)")

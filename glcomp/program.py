@@ -1,0 +1,101 @@
+"""A compiled program: the entry-point graphs plus the initial state they run on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from glcomp.errors import GlcompError
+from glcomp.ir.graph import Graph
+
+ENTRY_POINTS = ("predict", "gradients", "train_step")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A tensor the caller feeds: data inputs and the training target."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    num_classes: int | None = None  # class labels must lie in [0, num_classes)
+
+    def check(self, value: Any) -> np.ndarray:
+        """Return `value` as an array of the right shape; raise GlcompError naming the tensor."""
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError) as err:
+            raise GlcompError(f"input {self.name!r}: not an array ({err})") from None
+        if arr.shape != self.shape:
+            raise GlcompError(f"input {self.name!r} expected shape {self.shape} but got {arr.shape}")
+        if self.num_classes is not None:
+            if not (np.issubdtype(arr.dtype, np.integer) or np.all(np.mod(arr, 1) == 0)):
+                raise GlcompError(f"input {self.name!r}: class labels must be integers")
+            if arr.size and (arr.min() < 0 or arr.max() >= self.num_classes):
+                raise GlcompError(
+                    f"input {self.name!r}: class labels must lie in [0, {self.num_classes}), "
+                    f"got values from {arr.min()} to {arr.max()}"
+                )
+        elif not np.issubdtype(arr.dtype, np.number) or not np.all(np.isfinite(arr)):
+            raise GlcompError(f"input {self.name!r} must hold finite numbers")
+        return arr
+
+
+@dataclass
+class Program:
+    """What `glcomp.compile` returns. Graph input names: data inputs and target by their names,
+    parameters and buffers by torch names, optimizer state as ``opt.<param>.<slot>`` and
+    ``opt.step``, the learning rate as ``lr``."""
+
+    graphs: dict[str, Graph]
+    inputs: dict[str, InputSpec]
+    target: InputSpec | None
+    params: dict[str, np.ndarray]
+    trainable: list[str]
+    buffers: dict[str, np.ndarray] = field(default_factory=dict)
+    counters: dict[str, np.ndarray] = field(default_factory=dict)
+    opt_state: dict[str, np.ndarray] = field(default_factory=dict)
+    lr: float = 0.0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def feeds(self, entry: str, given: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Validate user inputs for an entry point: every name known, none missing, shapes right."""
+        specs = dict(self.inputs)
+        if entry != "predict":
+            if self.target is None:
+                raise GlcompError(f"{entry}: the program was compiled without a loss")
+            specs[self.target.name] = self.target
+        unknown = sorted(set(given) - set(specs))
+        if unknown:
+            raise GlcompError(f"{entry}: unknown input names {unknown}; expected {sorted(specs)}")
+        missing = sorted(set(specs) - set(given))
+        if missing:
+            raise GlcompError(f"{entry}: missing inputs {missing}")
+        return {name: spec.check(given[name]) for name, spec in specs.items()}
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = {k: v.shape for k, v in self.params.items()}
+        shapes |= {k: v.shape for k, v in self.buffers.items()}
+        shapes |= {k: v.shape for k, v in self.counters.items()}
+        return shapes
+
+    def runtime(self, kind: str = "reference", **options: Any) -> Any:
+        """A runtime for this program: ``"reference"`` (numpy) or ``"gl"`` (moderngl)."""
+        if kind == "reference":
+            from glcomp.runtime.reference import ReferenceRuntime
+
+            return ReferenceRuntime(self, **options)
+        if kind == "gl":
+            from glcomp.runtime.gl import GLRuntime
+            from glcomp.codegen.bundle import build_bundle
+
+            return GLRuntime(build_bundle(self), **options)
+        raise GlcompError(f"unknown runtime {kind!r}; use 'reference' or 'gl'")
+
+    def save(self, directory: Any) -> None:
+        """Write the program as a bundle directory (manifest, shaders, weights)."""
+        from glcomp.codegen.bundle import build_bundle
+
+        build_bundle(self).save(directory)
