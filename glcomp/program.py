@@ -9,6 +9,7 @@ import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
+from glcomp.runtime.feeds import check_feeds
 
 ENTRY_POINTS = ("predict", "gradients", "train_step")
 
@@ -22,25 +23,11 @@ class InputSpec:
     dtype: str = "float32"
     num_classes: int | None = None  # class labels must lie in [0, num_classes)
 
-    def check(self, value: Any) -> np.ndarray:
-        """Return `value` as an array of the right shape; raise GlcompError naming the tensor."""
-        try:
-            arr = np.asarray(value)
-        except (TypeError, ValueError) as err:
-            raise GlcompError(f"input {self.name!r}: not an array ({err})") from None
-        if arr.shape != self.shape:
-            raise GlcompError(f"input {self.name!r} expected shape {self.shape} but got {arr.shape}")
+    def to_json(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
         if self.num_classes is not None:
-            if not (np.issubdtype(arr.dtype, np.integer) or np.all(np.mod(arr, 1) == 0)):
-                raise GlcompError(f"input {self.name!r}: class labels must be integers")
-            if arr.size and (arr.min() < 0 or arr.max() >= self.num_classes):
-                raise GlcompError(
-                    f"input {self.name!r}: class labels must lie in [0, {self.num_classes}), "
-                    f"got values from {arr.min()} to {arr.max()}"
-                )
-        elif not np.issubdtype(arr.dtype, np.number) or not np.all(np.isfinite(arr)):
-            raise GlcompError(f"input {self.name!r} must hold finite numbers")
-        return arr
+            spec["num_classes"] = self.num_classes
+        return spec
 
 
 @dataclass
@@ -60,20 +47,19 @@ class Program:
     lr: float = 0.0
     options: dict[str, Any] = field(default_factory=dict)
 
-    def feeds(self, entry: str, given: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Validate user inputs for an entry point: every name known, none missing, shapes right."""
+    def input_specs(self, entry: str) -> dict[str, InputSpec]:
+        """What the caller feeds an entry point: data inputs, plus the target when training."""
         specs = dict(self.inputs)
         if entry != "predict":
             if self.target is None:
                 raise GlcompError(f"{entry}: the program was compiled without a loss")
             specs[self.target.name] = self.target
-        unknown = sorted(set(given) - set(specs))
-        if unknown:
-            raise GlcompError(f"{entry}: unknown input names {unknown}; expected {sorted(specs)}")
-        missing = sorted(set(specs) - set(given))
-        if missing:
-            raise GlcompError(f"{entry}: missing inputs {missing}")
-        return {name: spec.check(given[name]) for name, spec in specs.items()}
+        return specs
+
+    def feeds(self, entry: str, given: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Validate user inputs for an entry point: every name known, none missing, shapes right."""
+        specs = {k: v.to_json() for k, v in self.input_specs(entry).items()}
+        return check_feeds(entry, specs, given)
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         shapes = {k: v.shape for k, v in self.params.items()}

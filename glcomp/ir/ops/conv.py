@@ -96,6 +96,7 @@ register(
         conv2d_grad,
         2,
         sample=sample_conv2d,
+        template="conv2d",
         attrs=("stride", "padding"),
     )
 )
@@ -137,6 +138,7 @@ register(
         input_grad_grad,
         2,
         sample=sample_input_grad,
+        template="conv2d_input_grad",
         attrs=("stride", "padding", "input_hw"),
     )
 )
@@ -178,6 +180,7 @@ register(
         weight_grad_grad,
         2,
         sample=sample_weight_grad,
+        template="conv2d_weight_grad",
         attrs=("stride", "padding", "kernel_hw"),
     )
 )

@@ -72,7 +72,7 @@ def max_pool_grad_shape(x, g, kernel, stride, padding):
 
 register(
     Op("max_pool2d", "pool", pool_shape, max_pool_ref, max_pool_grad, sample=sample_pool,
-       smooth=False, attrs=POOL_ATTRS)
+       smooth=False, attrs=POOL_ATTRS, template="pool", glsl="max(acc, a)", glsl_init="-3.0e38")
 )
 register(
     Op(
@@ -85,6 +85,7 @@ register(
         sample=lambda draw: sample_pool_grad(draw, True),
         smooth=False,
         attrs=POOL_ATTRS,
+        template="max_pool2d_grad",
     )
 )
 
@@ -122,7 +123,8 @@ def avg_pool_grad_grad(u, out, g, kernel, stride, padding, input_hw):
 
 register(
     Op("avg_pool2d", "pool", pool_shape, avg_pool_ref, avg_pool_grad, sample=sample_pool,
-       attrs=POOL_ATTRS)
+       attrs=POOL_ATTRS, template="pool", glsl="acc + a", glsl_init="0.0",
+       glsl_final="acc / float(KH * KW)")
 )
 register(
     Op(
@@ -133,5 +135,6 @@ register(
         avg_pool_grad_grad,
         sample=lambda draw: sample_pool_grad(draw, False),
         attrs=(*POOL_ATTRS, "input_hw"),
+        template="avg_pool2d_grad",
     )
 )

@@ -48,6 +48,9 @@ register(
         _sum_grad,
         sample=sample_reduce,
         attrs=("axes",),
+        glsl="acc + a",
+        glsl_init="0.0",
+        template="reduce",
     )
 )
 register(
@@ -60,5 +63,8 @@ register(
         sample=sample_reduce,
         smooth=False,
         attrs=("axes",),
+        glsl="max(acc, a)",
+        glsl_init="-3.0e38",
+        template="reduce",
     )
 )

@@ -30,6 +30,10 @@ class Op:
                the op is covered through the ops that build it (sources, for example).
     domain:    input domain for tests: "real", "positive" (log, sqrt) or "nonzero" (div).
     smooth:    False where finite differences are unreliable (kinks, comparisons).
+    template:  the kernel template (templates/<template>.frag.j2) for ops that root a kernel
+               of their own; elementwise, movement and index ops are fused into their readers.
+    glsl_init: reductions and pooling: the accumulator's initial value (glsl combines it);
+    glsl_final: the kernel's result from the accumulator (the template defines its constants).
     """
 
     name: str
@@ -43,12 +47,17 @@ class Op:
     domain: str = "real"
     smooth: bool = True
     attrs: tuple[str, ...] = field(default=())
+    template: str | None = None
+    glsl_init: str | None = None
+    glsl_final: str = "acc"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"op {self.name!r}: unknown kind {self.kind!r}")
         if self.kind == "elementwise" and not self.glsl:
             raise ValueError(f"op {self.name!r}: elementwise ops need a glsl expression")
+        if self.kind in ("reduce", "matmul", "conv", "pool") and not self.template:
+            raise ValueError(f"op {self.name!r}: {self.kind} ops need a kernel template")
 
 
 REGISTRY: dict[str, Op] = {}

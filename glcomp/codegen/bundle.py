@@ -1,0 +1,218 @@
+"""Bundles: a compiled program as data (manifest.json, shaders/*.glsl, weights.safetensors).
+
+`build_bundle` lowers each entry point of a Program (layout, kernel plan, GLSL, memory plan,
+schedule); `Bundle.save` writes it and `load_bundle` reads one back, validating it against the
+schema in glcomp/codegen/schema.py. Nothing in a bundle is ever executed as Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from glcomp.codegen.layout import Layout, layout_for
+from glcomp.codegen.memplan import Pool, plan_memory
+from glcomp.codegen.plan import plan_kernels
+from glcomp.codegen.render import KernelRenderer, vertex_shader
+from glcomp.codegen.target import Target, make_target
+from glcomp.errors import GlcompError
+from glcomp.ir.graph import Graph
+from glcomp.ir.tensor import Tensor, unary
+from glcomp.program import ENTRY_POINTS, Program
+
+FORMAT = "glcomp-bundle"
+VERSION = 1
+TARGET_LIMITS = ("max_texture_size", "max_draw_buffers", "max_texture_units", "max_loop_iterations")
+
+
+@dataclass
+class Bundle:
+    manifest: dict[str, Any]
+    shaders: dict[str, str]  # file name under shaders/ -> source
+    weights: dict[str, np.ndarray]
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the bundle into `directory` (created; existing bundle files are replaced,
+        anything else in it is left alone)."""
+        from glcomp.codegen.schema import write_bundle
+
+        return write_bundle(self, Path(directory))
+
+
+def _state_outputs(graph: Graph) -> dict[str, str]:
+    """Output name -> state name for the values an entry point writes back."""
+    out = {}
+    for key in graph.outputs:
+        kind, _, name = key.partition(":")
+        if kind in ("param", "buffer", "state"):
+            out[key] = name
+    return out
+
+
+def _isolate_state_outputs(graph: Graph) -> Graph:
+    """Give every written-back state a node of its own (a state's new texture must not be an
+    input texture or shared with another output), inserting identity copies where needed."""
+    g = graph.copy()
+    seen: set[int] = set()
+    for key in _state_outputs(g):
+        n = g.outputs[key]
+        if g.op(n) == "input" or n in seen:
+            g.outputs[key] = unary("stop_gradient", Tensor(g, n)).node
+        seen.add(g.outputs[key])
+    return g
+
+
+def target_of(program: Program) -> Target:
+    limits = {k: program.options[k] for k in TARGET_LIMITS + ("float_blend",) if k in program.options}
+    return make_target(program.options.get("target", "webgl2"), **limits)
+
+
+def build_bundle(program: Program) -> Bundle:
+    """Lower every entry point of `program` to shaders and draw schedules."""
+    target = target_of(program)
+    size = target.max_texture_size
+    pool = Pool()
+    programs: dict[str, dict[str, Any]] = {}
+    shaders: dict[str, str] = {"quad.vert": vertex_shader(target)}
+    by_source: dict[str, str] = {}
+
+    # Persistent state: parameters, float buffers and optimizer state, two texture sets each
+    # (ping-pong: an update reads one set and writes the other).
+    states: dict[str, dict[str, Any]] = {}
+    init = {**program.params, **program.buffers, **program.opt_state}
+    roles = {k: "param" for k in program.params} | {k: "buffer" for k in program.buffers}
+    roles |= {k: "state" for k in program.opt_state}
+    for i, (name, value) in enumerate(init.items()):
+        lay = layout_for(tuple(value.shape), size)
+        sets = [[f"state{i}{v}{p}" for p in range(lay.pages)] for v in "ab"]
+        states[name] = {"role": roles[name], "layout": lay.to_json(), "textures": sets}
+    state_sizes = {t: (st["layout"]["width"], st["layout"]["height"]) for st in states.values()
+                   for group in st["textures"] for t in group}
+
+    entries: dict[str, Any] = {}
+    for entry in ENTRY_POINTS:
+        if entry in program.graphs:
+            entries[entry] = _lower_entry(
+                entry, program, _isolate_state_outputs(program.graphs[entry]), target, pool,
+                programs, shaders, by_source, states,
+            )
+
+    textures = {name: {"width": w, "height": h} for name, (w, h) in pool.sizes().items()}
+    textures |= {name: {"width": w, "height": h} for name, (w, h) in state_sizes.items()}
+    peak = sum(16 * t["width"] * t["height"] for t in textures.values())
+    inputs = {}
+    for entry in entries:
+        for name, spec in program.input_specs(entry).items():
+            inputs[name] = spec.to_json() | {"layout": layout_for(spec.shape, size).to_json()}
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "target": target.to_json(),
+        "inputs": inputs,
+        "hyper": {"lr": program.lr},
+        "states": states,
+        "counters": {k: int(v) for k, v in program.counters.items()},
+        "textures": textures,
+        "vertex_shader": "quad.vert",
+        "programs": programs,
+        "entries": entries,
+        "memory": {"texture_bytes": peak, "textures": len(textures)},
+    }
+    weights = {k: np.asarray(v, np.float32) for k, v in init.items()}
+    weights |= {k: np.asarray(v, np.int64) for k, v in program.counters.items()}
+    return Bundle(manifest, shaders, weights)
+
+
+def _lower_entry(
+    entry: str,
+    program: Program,
+    graph: Graph,
+    target: Target,
+    pool: Pool,
+    programs: dict[str, Any],
+    shaders: dict[str, str],
+    by_source: dict[str, str],
+    states: dict[str, Any],
+) -> dict[str, Any]:
+    size = target.max_texture_size
+    layouts: dict[int, Layout] = {n: layout_for(graph.shape(n), size) for n in graph.nodes()}
+    pages = {n: lay.pages for n, lay in layouts.items()}
+    kernels, stored = plan_kernels(graph, target, pages)
+    hypers = {n: graph.attrs(n)["name"] for n in graph.inputs.values() if graph.attrs(n)["role"] == "hyper"}
+    renderer = KernelRenderer(graph, layouts, target)
+
+    # Where each stored value lives: a state texture set, or a temporary from the pool.
+    state_in = {n: graph.attrs(n)["name"] for n in graph.inputs.values() if graph.attrs(n)["name"] in states}
+    state_out = {graph.outputs[k]: name for k, name in _state_outputs(graph).items()}
+    data_in = {graph.attrs(n)["name"]: n for n in graph.inputs.values()
+               if graph.attrs(n)["role"] in ("data", "target")}
+    readback = {k: n for k, n in graph.outputs.items() if k not in _state_outputs(graph)}
+
+    steps = [(k.roots, k.leaves) for k in kernels]
+    temp_sizes = {
+        n: [(layouts[n].width, layouts[n].height)] * layouts[n].pages
+        for n in stored if n not in state_in and n not in state_out and n not in hypers
+    }
+    reuse = program.options.get("passes", {}).get("memplan", True)
+    temps = plan_memory(steps, temp_sizes, set(readback.values()), pool, reuse)
+
+    def ref(n: int, page: int) -> Any:
+        if n in state_in:
+            return {"state": state_in[n], "version": "cur", "page": page}
+        if n in state_out:
+            return {"state": state_out[n], "version": "next", "page": page}
+        return temps[n][page]
+
+    draws = []
+    for kernel in kernels:
+        rendered = renderer.render(kernel, hypers)
+        digest = hashlib.sha256(rendered.source.encode()).hexdigest()[:16]
+        if digest not in by_source:
+            pid = f"p{len(programs)}"
+            by_source[digest] = pid
+            shaders[f"{pid}.frag"] = rendered.source
+            programs[pid] = {
+                "fragment": f"{pid}.frag",
+                "samplers": [s for s, _, _ in rendered.samplers],
+                "uniforms": [u for u, _ in rendered.uniforms],
+                "outputs": len(kernel.roots),
+            }
+        pid = by_source[digest]
+        out = layouts[kernel.roots[0]]
+        for page in range(out.pages):
+            draws.append(
+                {
+                    "kernel": kernel.name,
+                    "program": pid,
+                    "samplers": {s: ref(n, p) for s, n, p in rendered.samplers},
+                    "uniforms": {u: {"hyper": h} for u, h in rendered.uniforms},
+                    "page_offset": page * out.page_texels,
+                    "targets": [ref(r, page) for r in kernel.roots],
+                    "viewport": [out.width, out.height],
+                }
+            )
+    return {
+        "inputs": {name: [ref(n, p) for p in range(layouts[n].pages)] for name, n in data_in.items()},
+        "outputs": {
+            name: {"layout": layouts[n].to_json(), "textures": [ref(n, p) for p in range(layouts[n].pages)]}
+            for name, n in readback.items()
+        },
+        "updates": sorted(set(state_out.values())),
+        "draws": draws,
+    }
+
+
+def load_bundle(directory: str | Path) -> Bundle:
+    """Read and validate a bundle directory; raises GlcompError naming the fault."""
+    from glcomp.codegen.schema import read_bundle
+
+    return read_bundle(Path(directory))
+
+
+def manifest_json(bundle: Bundle) -> str:
+    return json.dumps(bundle.manifest, indent=1, sort_keys=True)

@@ -1,0 +1,79 @@
+"""Static texture plan: assign every temporary value a texture, reusing textures by liveness.
+
+Textures are grouped by size (width x height); a value takes a free texture of its size when its
+kernel runs and gives it back after its last reader. Entry points run one at a time, so they
+share one pool: the bundle allocates, per size, the most any entry point needs at once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Pool:
+    """Textures of each size; `names[(w, h)]` grows as entry points need more at once."""
+
+    names: dict[tuple[int, int], list[str]] = field(default_factory=lambda: defaultdict(list))
+    count: int = 0
+
+    def texture(self, size: tuple[int, int], index: int) -> str:
+        group = self.names[size]
+        while len(group) <= index:
+            group.append(f"tex{self.count}")
+            self.count += 1
+        return group[index]
+
+    def sizes(self) -> dict[str, tuple[int, int]]:
+        return {name: size for size, group in self.names.items() for name in group}
+
+
+def plan_memory(
+    steps: list[tuple[list[int], list[int]]],
+    sizes: dict[int, list[tuple[int, int]]],
+    pinned: set[int],
+    pool: Pool,
+    reuse: bool = True,
+) -> dict[int, list[str]]:
+    """Assign textures (one per page) to temporaries.
+
+    `steps` lists, in execution order, each kernel's (values written, values read); values read
+    before any step writes them are the entry's uploaded inputs. `pinned` values live to the end
+    (read back by the caller). Guarantees: a texture is never written by a step that reads it,
+    and two values alive at the same time never share a texture. With `reuse` off every value
+    gets textures of its own (to measure what the plan saves).
+    """
+    last_use: dict[int, int] = {}
+    for i, (writes, reads) in enumerate(steps):
+        for v in reads + writes:
+            last_use[v] = i
+    for v in pinned:
+        last_use[v] = len(steps)
+    free: dict[tuple[int, int], list[int]] = defaultdict(list)
+    used: dict[tuple[int, int], int] = defaultdict(int)
+    slots: dict[int, list[tuple[tuple[int, int], int]]] = {}
+
+    def take(size: tuple[int, int]) -> tuple[tuple[int, int], int]:
+        if reuse and free[size]:
+            return size, free[size].pop(0)
+        used[size] += 1
+        return size, used[size] - 1
+
+    first_reads = [v for _, reads in steps for v in reads if v in sizes]
+    for v in dict.fromkeys(first_reads):  # uploaded inputs, allocated up front
+        if v not in slots and not any(v in w for w, _ in steps):
+            slots[v] = [take(s) for s in sizes[v]]
+    for i, (writes, reads) in enumerate(steps):
+        for v in writes:
+            if v in sizes and v not in slots:
+                slots[v] = [take(s) for s in sizes[v]]
+        for v in set(reads + writes):
+            if v in slots and last_use.get(v) == i:
+                for size, index in slots[v]:
+                    free[size].append(index)
+                    free[size].sort()
+    for v in sizes:  # values no kernel touches (an input returned as is): textures of their own
+        if v not in slots:
+            slots[v] = [take(s) for s in sizes[v]]
+    return {v: [pool.texture(size, index) for size, index in s] for v, s in slots.items()}

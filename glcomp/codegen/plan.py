@@ -1,0 +1,125 @@
+"""Kernel planning: decide which values live in textures and group the rest into kernels.
+
+Every op that needs a loop of its own (matmul, conv, pool, reduce) roots a kernel. Elementwise,
+movement and index ops are fused into the kernel that reads them: they become small GLSL
+functions the reader calls per element, so a permute before a matmul or a bias add after it costs
+no draw call. A fused value is recomputed where it is read; to keep that linear, a value with more
+than one reader (counted through views) gets a texture of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from glcomp.codegen.target import Target
+from glcomp.errors import GlcompError
+from glcomp.ir.graph import Graph
+from glcomp.ir.ops import get_op
+
+FUSIBLE = ("elementwise", "movement", "index")
+
+
+@dataclass
+class Kernel:
+    """One draw call's worth of work: `roots` are written (one render target each), `body` are
+    the fused nodes computed on the way (topological order), `leaves` the textures read."""
+
+    name: str
+    roots: list[int]
+    body: list[int]
+    leaves: list[int]
+    template: str
+    origins: list[str] = field(default_factory=list)
+
+
+def _readers_through_views(graph: Graph, n: int, memo: dict[int, int]) -> int:
+    """How many non-view nodes read `n`, following chains of movement ops."""
+    if n in memo:
+        return memo[n]
+    count = 0
+    for edge in graph.g.out_edges(n):
+        user = edge[1]
+        if get_op(graph.op(user)).kind == "movement":
+            count += _readers_through_views(graph, user, memo)
+        else:
+            count += 1
+    memo[n] = count
+    return count
+
+
+def materialized(graph: Graph) -> set[int]:
+    """The nodes whose values are stored in textures: inputs, outputs, loop-kernel results and
+    computed values read more than once. Constants and views of stored values never are."""
+    stored: set[int] = set()
+    memo: dict[int, int] = {}
+    outputs = set(graph.outputs.values())
+    for n in graph.topo():
+        kind = get_op(graph.op(n)).kind
+        if n in outputs or graph.op(n) == "input" and graph.attrs(n)["role"] != "hyper":
+            stored.add(n)
+        elif kind in ("reduce", "matmul", "conv", "pool"):
+            stored.add(n)
+        elif kind in ("elementwise", "index") and _readers_through_views(graph, n, memo) > 1:
+            stored.add(n)
+    return stored
+
+
+def _fused_region(graph: Graph, root: int, stored: set[int]) -> tuple[list[int], list[int]]:
+    """Nodes computed inside root's kernel and the stored leaves it reads."""
+    body: set[int] = set()
+    leaves: set[int] = set()
+    stack = list(graph.operands(root))
+    while stack:
+        n = stack.pop()
+        if n in stored or graph.op(n) == "input":  # hyper-parameters are uniforms, still leaves
+            leaves.add(n)
+        elif n not in body:
+            body.add(n)
+            stack.extend(graph.operands(n))
+    order = [n for n in graph.topo() if n in body]
+    return order, sorted(leaves)
+
+
+def _samplers(graph: Graph, leaves: list[int], pages: dict[int, int]) -> int:
+    return sum(pages[n] for n in leaves if graph.attrs(n).get("role") != "hyper")
+
+
+def plan_kernels(graph: Graph, target: Target, pages: dict[int, int]) -> tuple[list[Kernel], set[int]]:
+    """Group the graph into kernels in execution order.
+
+    Guarantees: every stored non-input node is the root of exactly one kernel, kernels come
+    in dependency order, and no kernel samples more textures than the target has units (a
+    fused operand is stored instead, largest first, until it fits). `pages` gives the number
+    of texture pages per node (split tensors need one sampler each).
+    """
+    stored = materialized(graph)
+    kernels: list[Kernel] = []
+    changed = True
+    while changed:  # storing one more value can only reduce sampler pressure elsewhere
+        changed = False
+        for n in graph.topo():
+            if n not in stored or graph.op(n) == "input":
+                continue
+            body, leaves = _fused_region(graph, n, stored)
+            while _samplers(graph, leaves, pages) > target.max_texture_units:
+                candidates = [b for b in body if graph.op(b) != "const"]
+                if not candidates:
+                    raise GlcompError(
+                        f"{graph.node(n)['origin']}: kernel for %{n} reads "
+                        f"{_samplers(graph, leaves, pages)} texture pages, more than the target's "
+                        f"{target.max_texture_units} texture units"
+                    )
+                # Store the fused operand that hides the most leaves behind it.
+                best = max(candidates, key=lambda b: (len(_fused_region(graph, b, stored)[1]), -b))
+                stored.add(best)
+                changed = True
+                body, leaves = _fused_region(graph, n, stored)
+    for n in graph.topo():
+        if n not in stored or graph.op(n) == "input":
+            continue
+        body, leaves = _fused_region(graph, n, stored)
+        rule = get_op(graph.op(n))
+        template = rule.template if rule.kind not in FUSIBLE and rule.kind != "source" else "map"
+        origins = sorted({graph.node(m)["origin"] for m in [*body, n] if graph.node(m)["origin"]})
+        kernels.append(Kernel(f"k{len(kernels)}_{graph.op(n)}", [n], body, leaves, template, origins))
+    return kernels, stored

@@ -1,0 +1,306 @@
+"""GLSL rendering: turn one planned Kernel into fragment-shader source through the templates.
+
+Python does the index arithmetic (strides, offsets, bounds) and hands the templates finished
+integer expressions; templates own the dialect and the loop structure. Identifiers in the GLSL
+are generated from node ids only; origin comments are filtered to a safe character set.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from glcomp.codegen.layout import Layout
+from glcomp.codegen.plan import Kernel
+from glcomp.codegen.target import Target
+from glcomp.errors import GlcompError
+from glcomp.ir.graph import Graph
+from glcomp.ir.ops import get_op
+
+
+def templates_dir() -> Path:
+    """The template folder: `templates/` in a source checkout, `glcomp/templates` in a wheel."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if (candidate / "_kernel.j2").exists():
+            return candidate
+    raise GlcompError(f"GLSL templates not found next to {here}")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,  # a template asking for a missing value is a bug
+        trim_blocks=False,
+        keep_trailing_newline=True,
+    )
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.() \[\]-]")
+
+
+def safe_comment(text: str) -> str:
+    return _SAFE.sub("_", text)[:120]
+
+
+def glsl_float(value: float) -> str:
+    if math.isnan(value):
+        raise GlcompError("NaN constant in a kernel")
+    if math.isinf(value):
+        return "3.0e38" if value > 0 else "-3.0e38"
+    text = repr(float(value))
+    return text if any(c in text for c in ".e") else text + ".0"
+
+
+def params(rank: int) -> str:
+    return ", ".join(f"int i{k}" for k in range(rank))
+
+
+def _args(rank: int) -> list[str]:
+    return [f"i{k}" for k in range(rank)]
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return list(reversed(out))
+
+
+def _flat(args: list[str], shape: tuple[int, ...]) -> str:
+    terms = [a if st == 1 else f"{a} * {st}" for a, st, s in zip(args, _strides(shape), shape) if s != 1]
+    return " + ".join(terms) or "0"
+
+
+@dataclass
+class Rendered:
+    source: str
+    samplers: list[tuple[str, int, int]]  # (uniform name, node, page)
+    uniforms: list[tuple[str, str]]  # (uniform name, hyper-parameter name)
+
+
+class KernelRenderer:
+    """Renders kernels of one graph; `layouts` holds the layout of every stored node."""
+
+    def __init__(self, graph: Graph, layouts: dict[int, Layout], target: Target) -> None:
+        self.graph, self.layouts, self.target = graph, layouts, target
+
+    def fn(self, n: int) -> str:
+        return f"v{n}"
+
+    def call(self, n: int, args: list[str]) -> str:
+        return f"v{n}({', '.join(args)})"
+
+    # -- functions for leaves and fused nodes --------------------------------------------------------
+    def leaf_function(self, n: int, uniforms: dict[int, str]) -> dict[str, Any]:
+        shape = self.graph.shape(n)
+        sig = f"float v{n}({params(len(shape))})"
+        if n in uniforms:
+            return {"sig": sig, "lines": [f"return {uniforms[n]};"]}
+        args = _args(len(shape))
+        row = _flat(args[:-1], shape[:-1]) if len(shape) > 1 else "0"
+        j = args[-1] if shape else "0"
+        return {"sig": sig, "lines": [f"return glc_fetch_{n}({row}, {j});"]}
+
+    def node_function(self, n: int) -> dict[str, Any]:
+        g = self.graph
+        op, attrs, shape = g.op(n), g.attrs(n), g.shape(n)
+        rule = get_op(op)
+        ins = g.operands(n)
+        args = _args(len(shape))
+        sig = f"float v{n}({params(len(shape))})"
+        lines: list[str]
+        if op == "const":
+            lines = [f"return {glsl_float(attrs['value'])};"]
+        elif rule.kind == "elementwise":
+            names = "abc"
+            lines = [f"float {names[k]} = {self.call(src, args)};" for k, src in enumerate(ins)]
+            lines.append(f"return {rule.glsl};")
+        elif op == "one_hot":
+            label = self.call(ins[0], args[:-1])
+            lines = [f"return int(floor({label} + 0.5)) == {args[-1]} ? 1.0 : 0.0;"]
+        elif op == "reshape":
+            src_shape = g.shape(ins[0])
+            lines = [f"int f = {_flat(args, shape)};"]
+            src_args = []
+            for k, (st, s) in enumerate(zip(_strides(src_shape), src_shape)):
+                expr = "f" if st == 1 else f"f / {st}"
+                src_args.append("0" if s == 1 else (expr if k == 0 else f"imod({expr}, {s})"))
+            lines.append(f"return {self.call(ins[0], src_args)};")
+        elif op == "permute":
+            src_args = [""] * len(shape)
+            for k, p in enumerate(attrs["perm"]):
+                src_args[p] = args[k]
+            lines = [f"return {self.call(ins[0], src_args)};"]
+        elif op == "expand":
+            src_shape = g.shape(ins[0])
+            src_args = ["0" if s == 1 else a for a, s in zip(args, src_shape)]
+            lines = [f"return {self.call(ins[0], src_args)};"]
+        elif op == "slice":
+            src_args = [f"({a} + {lo})" if lo else a for a, lo in zip(args, attrs["starts"])]
+            lines = [f"return {self.call(ins[0], src_args)};"]
+        elif op == "pad":
+            src_shape = g.shape(ins[0])
+            conds, src_args = [], []
+            for a, lo, hi, s in zip(args, attrs["before"], attrs["after"], src_shape):
+                if lo:
+                    conds.append(f"{a} >= {lo}")
+                if lo or hi:
+                    conds.append(f"{a} < {lo + s}")
+                src_args.append(f"({a} - {lo})" if lo else a)
+            cond = " && ".join(conds) or "true"
+            lines = [f"return ({cond}) ? {self.call(ins[0], src_args)} : 0.0;"]
+        elif op == "concat":
+            axis, at, lines = attrs["axis"], 0, []
+            for k, src in enumerate(ins):
+                size = g.shape(src)[axis]
+                src_args = [f"({a} - {at})" if i == axis and at else a for i, a in enumerate(args)]
+                ret = f"return {self.call(src, src_args)};"
+                lines.append(ret if k == len(ins) - 1 else f"if ({args[axis]} < {at + size}) {ret}")
+                at += size
+        else:
+            raise GlcompError(f"no fused rendering for op {op!r} (node %{n})")
+        return {"sig": sig, "lines": lines}
+
+    # -- roots ------------------------------------------------------------------------------------
+    def root(self, n: int) -> dict[str, Any]:
+        g = self.graph
+        rule = get_op(g.op(n))
+        attrs, ins = g.attrs(n), g.operands(n)
+        shape = g.shape(n)
+        r: dict[str, Any] = {"params": params(len(shape))}
+        if rule.template == "matmul" or rule.kind in ("elementwise", "movement", "index", "source"):
+            if rule.template == "matmul":
+                r |= {"K": g.shape(ins[0])[1], "a": self.fn(ins[0]), "b": self.fn(ins[1])}
+            else:
+                r["call"] = self.call(n, _args(len(shape)))
+            return r
+        if rule.kind == "reduce":
+            src_shape = g.shape(ins[0])
+            axes = attrs["axes"]
+            extents = [src_shape[a] for a in axes]
+            decompose, read = [], _args(len(shape))
+            stride = 1
+            for a, e in reversed(list(zip(axes, extents))):
+                expr = "q" if stride == 1 else f"q / {stride}"
+                decompose.insert(0, f"int r{a} = {expr if a == axes[0] else f'imod({expr}, {e})'};")
+                read[a] = f"r{a}"
+                stride *= e
+            r |= {
+                "total": math.prod(extents),
+                "decompose": decompose,
+                "read": self.call(ins[0], read),
+                "init": rule.glsl_init,
+                "combine": rule.glsl,
+            }
+            return r
+        # conv and pool families: window geometry as constants
+        stride, pad = attrs.get("stride"), attrs.get("padding")
+        r |= {"SH": stride[0], "SW": stride[1], "PH": pad[0], "PW": pad[1]}
+        op = g.op(n)
+        if op == "conv2d":
+            x, w = (g.shape(i) for i in ins)
+            r |= {"C": x[1], "H": x[2], "W": x[3], "KH": w[2], "KW": w[3]}
+            r |= {"x": self.fn(ins[0]), "w": self.fn(ins[1])}
+        elif op == "conv2d_input_grad":
+            gs, w = (g.shape(i) for i in ins)
+            r |= {"O": gs[1], "OH": gs[2], "OW": gs[3], "KH": w[2], "KW": w[3]}
+            r |= {"g": self.fn(ins[0]), "w": self.fn(ins[1])}
+        elif op == "conv2d_weight_grad":
+            x, gs = (g.shape(i) for i in ins)
+            r |= {"N": x[0], "H": x[2], "W": x[3], "OH": gs[2], "OW": gs[3]}
+            r |= {"x": self.fn(ins[0]), "g": self.fn(ins[1])}
+        elif rule.template == "pool":
+            x = g.shape(ins[0])
+            kh, kw = attrs["kernel"]
+            r |= {"H": x[2], "W": x[3], "KH": kh, "KW": kw, "x": self.fn(ins[0])}
+            r |= {"init": rule.glsl_init, "combine": rule.glsl, "final": rule.glsl_final}
+        elif op == "max_pool2d_grad":
+            x, gs = (g.shape(i) for i in ins)
+            kh, kw = attrs["kernel"]
+            r |= {"H": x[2], "W": x[3], "KH": kh, "KW": kw, "OH": gs[2], "OW": gs[3]}
+            r |= {"x": self.fn(ins[0]), "g": self.fn(ins[1])}
+        elif op == "avg_pool2d_grad":
+            gs = g.shape(ins[0])
+            kh, kw = attrs["kernel"]
+            r |= {"KH": kh, "KW": kw, "OH": gs[2], "OW": gs[3], "g": self.fn(ins[0])}
+        else:
+            raise GlcompError(f"no kernel template for op {op!r}")
+        return r
+
+    # -- whole kernel ----------------------------------------------------------------------------
+    def render(self, kernel: Kernel, hypers: dict[int, str]) -> Rendered:
+        g, t = self.graph, self.target
+        samplers: list[tuple[str, int, int]] = []
+        uniforms: list[tuple[str, str]] = []
+        uniform_of: dict[int, str] = {}
+        fetches = []
+        for leaf in kernel.leaves:
+            if leaf in hypers:
+                name = f"u_h{len(uniforms)}"
+                uniforms.append((name, hypers[leaf]))
+                uniform_of[leaf] = name
+                continue
+            lay = self.layouts[leaf]
+            names = [f"s{leaf}_{p}" for p in range(lay.pages)]
+            samplers += [(s, leaf, p) for p, s in enumerate(names)]
+            fetches.append(
+                {
+                    "node": leaf,
+                    "row_texels": lay.row_texels,
+                    "page_texels": lay.page_texels,
+                    "pages": lay.pages,
+                    "width": lay.width,
+                    "height": lay.height,
+                    "samplers": names,
+                }
+            )
+        functions = [self.leaf_function(leaf, uniform_of) for leaf in kernel.leaves]
+        functions += [self.node_function(n) for n in kernel.body]
+        rule0 = get_op(g.op(kernel.roots[0]))
+        if rule0.kind in ("elementwise", "movement", "index", "source"):
+            functions += [self.node_function(n) for n in kernel.roots]
+        out_lay = self.layouts[kernel.roots[0]]
+        shape = g.shape(kernel.roots[0])
+        lead = list(shape[:-1])
+        unflatten = []
+        for k, (st, s) in enumerate(zip(_strides(tuple(lead)), lead)):
+            expr = "row" if st == 1 else f"row / {st}"
+            unflatten.append(f"int i{k} = {expr if k == 0 else f'imod({expr}, {s})'};")
+        out_args = ", ".join([f"i{k}" for k in range(len(lead))] + (["j"] if shape else []))
+        context = {
+            "webgl1": t.webgl1,
+            "kernel_name": kernel.name,
+            "node_ids": ", ".join(f"%{n}" for n in [*kernel.body, *kernel.roots]),
+            "origins": [safe_comment(o) for o in kernel.origins],
+            "outputs": kernel.roots,
+            "samplers": [s for s, _, _ in samplers],
+            "uniforms": [u for u, _ in uniforms],
+            "fetches": fetches,
+            "functions": functions,
+            "roots": [self.root(n) for n in kernel.roots],
+            "max_loop": t.max_loop_iterations,
+            "out": {
+                "width": out_lay.width,
+                "row_texels": out_lay.row_texels,
+                "texels": out_lay.texels,
+                "row_len": out_lay.row_len,
+                "unflatten": unflatten,
+                "args": out_args,
+            },
+        }
+        source = environment().get_template(f"{kernel.template}.frag.j2").render(context)
+        return Rendered(source, samplers, uniforms)
+
+
+def vertex_shader(target: Target) -> str:
+    """The one vertex shader: a triangle that covers the viewport."""
+    return environment().get_template("quad.vert.j2").render(webgl1=target.webgl1)

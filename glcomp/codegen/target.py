@@ -1,0 +1,58 @@
+"""Targets are data: a GLSL ES dialect plus the limits the code generator must respect."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from glcomp.errors import GlcompError
+
+
+@dataclass(frozen=True)
+class Target:
+    """A WebGL-class GPU profile.
+
+    The defaults are portable minimums: every WebGL 2 device offers 4096-texel textures, 4 draw
+    buffers and 16 fragment texture units. Tests shrink them to reach the code paths big models
+    hit (split textures, split loops) on small ones.
+    """
+
+    name: str
+    glsl_version: str  # "300 es" (WebGL 2) or "100" (WebGL 1)
+    max_texture_size: int = 4096
+    max_draw_buffers: int = 4
+    max_texture_units: int = 16
+    max_loop_iterations: int = 1024  # longer loops are split into nested constant-bound loops
+    float_blend: bool = True  # EXT_float_blend: additive blending into float render targets
+
+    @property
+    def webgl1(self) -> bool:
+        return self.glsl_version == "100"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_BASE = {
+    # WebGL 2: RGBA32F render targets through EXT_color_buffer_float, MRT in core.
+    "webgl2": Target("webgl2", "300 es"),
+    # WebGL 1: OES_texture_float + WEBGL_color_buffer_float; MRT through WEBGL_draw_buffers.
+    "webgl1": Target("webgl1", "100", max_draw_buffers=4, float_blend=False),
+}
+
+
+def make_target(name: str, **limits: Any) -> Target:
+    """The named target with some limits overridden (e.g. ``max_texture_size=16`` in tests)."""
+    if name not in _BASE:
+        raise GlcompError(f"unknown target {name!r}; use one of {sorted(_BASE)}")
+    fields = set(Target.__dataclass_fields__) - {"name", "glsl_version"}
+    unknown = set(limits) - fields
+    if unknown:
+        raise GlcompError(f"unknown target limits {sorted(unknown)}; known: {sorted(fields)}")
+    target = replace(_BASE[name], **limits)
+    size = target.max_texture_size
+    if size < 1 or size & (size - 1):
+        raise GlcompError(f"max_texture_size must be a power of two, got {size}")
+    if target.max_texture_units < 2 or target.max_draw_buffers < 1 or target.max_loop_iterations < 2:
+        raise GlcompError(f"target limits too small: {target}")
+    return target
