@@ -150,22 +150,39 @@ class KernelRenderer:
         elif op == "pad":
             src_shape = g.shape(ins[0])
             conds, src_args = [], []
-            for a, lo, hi, s in zip(args, attrs["before"], attrs["after"], src_shape):
+            for a, lo, hi, size in zip(args, attrs["before"], attrs["after"], src_shape):
                 if lo:
                     conds.append(f"{a} >= {lo}")
                 if lo or hi:
-                    conds.append(f"{a} < {lo + s}")
-                src_args.append(f"({a} - {lo})" if lo else a)
+                    conds.append(f"{a} < {lo + size}")
+                shifted = f"{a} - {lo}" if lo else a
+                src_args.append(f"iclamp({shifted}, 0, {size - 1})" if lo or hi else a)
             cond = " && ".join(conds) or "true"
-            lines = [f"return ({cond}) ? {self.call(ins[0], src_args)} : 0.0;"]
+            # Read at a clamped index, then select: no texture read inside a branch.
+            lines = [f"float x = {self.call(ins[0], src_args)};", f"return ({cond}) ? x : 0.0;"]
         elif op == "concat":
             axis, at, lines = attrs["axis"], 0, []
+            branchless = self.target.webgl1  # texture2D must not run under a divergent branch
             for k, src in enumerate(ins):
                 size = g.shape(src)[axis]
-                src_args = [f"({a} - {at})" if i == axis and at else a for i, a in enumerate(args)]
-                ret = f"return {self.call(src, src_args)};"
-                lines.append(ret if k == len(ins) - 1 else f"if ({args[axis]} < {at + size}) {ret}")
+                pos = f"{args[axis]} - {at}" if at else args[axis]
+                if branchless:
+                    pos = f"iclamp({pos}, 0, {size - 1})"
+                src_args = [pos if i == axis else a for i, a in enumerate(args)]
+                value = self.call(src, src_args)
+                last = k == len(ins) - 1
+                if branchless:
+                    lines.append(f"float x{k} = {value};")
+                else:
+                    ret = f"return {value};"
+                    lines.append(ret if last else f"if ({args[axis]} < {at + size}) {ret}")
                 at += size
+            if branchless:
+                expr, at = f"x{len(ins) - 1}", sum(g.shape(i)[axis] for i in ins)
+                for k in reversed(range(len(ins) - 1)):
+                    at -= g.shape(ins[k + 1])[axis]
+                    expr = f"({args[axis]} < {at} ? x{k} : {expr})"
+                lines.append(f"return {expr};")
         else:
             raise GlcompError(f"no fused rendering for op {op!r} (node %{n})")
         return {"sig": sig, "lines": lines}

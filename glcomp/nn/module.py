@@ -146,9 +146,12 @@ class Module:
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Parameters and buffers by torch name, as copies."""
-        out = {k: p.data.copy() for k, p in self.named_parameters()}
-        out.update({k: np.array(b) for k, b in self.named_buffers()})
+        """Parameters and buffers by torch name, as copies, in torch's order (module by module)."""
+        out: dict[str, np.ndarray] = {}
+        for path, m in self.named_modules():
+            prefix = f"{path}." if path else ""
+            out.update({prefix + k: p.data.copy() for k, p in m._parameters.items()})
+            out.update({prefix + k: np.array(b) for k, b in m._buffers.items()})
         return out
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
