@@ -5,7 +5,7 @@ Needs Hypothesis (``pip install glcomp[test]``)::
 
     from glcomp.testing import check_gradients
 
-    check_gradients(model, {"x": x}, y, nn.CrossEntropyLoss())  # raises GradientMismatch
+    check_gradients(model, {"x": x}, y, nn.CrossEntropyLoss())  # raises GradientCheckError
 
 Strategies:
 
@@ -40,7 +40,7 @@ DOMAINS = ("real", "positive", "nonzero", "labels")
 BOUNDS: dict[str, tuple[float, float]] = {"real": (-2.0, 2.0), "positive": (0.5, 3.0), "nonzero": (0.5, 3.0)}
 
 
-# -- shapes and arrays ---------------------------------------------------------------------------------
+# -- shapes and arrays -----------------------------------------------------------------------------
 def shapes(
     min_rank: int = 0, max_rank: int = 4, min_side: int = 1, max_side: int = 6
 ) -> st.SearchStrategy[tuple[int, ...]]:
@@ -101,7 +101,7 @@ def arrays(
     return hnp.arrays(dtype, shape, elements=_floats(domain, dtype))
 
 
-# -- op cases --------------------------------------------------------------------------------------------
+# -- op cases --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OpCase:
     """Inputs and attributes for one application of a registry op."""
@@ -122,7 +122,9 @@ class OpCase:
         return f"OpCase({self.op}, shapes={self.shapes}, attrs={self.attrs})"
 
 
-def op_cases(op_name: str, dtype: Any = np.float64, distinct: bool | None = None) -> st.SearchStrategy[OpCase]:
+def op_cases(
+    op_name: str, dtype: Any = np.float64, distinct: bool | None = None
+) -> st.SearchStrategy[OpCase]:
     """Inputs for `op_name`: shapes and attributes from the op's ``sample`` hook, values in its domain.
 
     ``distinct`` (default: True for ops with ``smooth=False``) draws all inputs jointly with pairwise
@@ -155,7 +157,9 @@ def op_cases(op_name: str, dtype: Any = np.float64, distinct: bool | None = None
     return build()
 
 
-def differentiable_inputs(op_name: str, in_shapes: Sequence[tuple[int, ...]], attrs: Mapping[str, Any]) -> list[int]:
+def differentiable_inputs(
+    op_name: str, in_shapes: Sequence[tuple[int, ...]], attrs: Mapping[str, Any]
+) -> list[int]:
     """Operand positions for which the op's gradient rule returns a gradient (not None)."""
     rule = get_op(op_name)
     if rule.grad is None:
@@ -183,7 +187,7 @@ def op_loss_graph(case: OpCase, weights: np.ndarray) -> tuple[Graph, dict[str, n
     return g, feeds
 
 
-# -- random composite graphs ---------------------------------------------------------------------------
+# -- random composite graphs -----------------------------------------------------------------------
 @dataclass
 class GraphCase:
     """A random graph with a scalar output `loss`, the inputs to differentiate and their feeds.
@@ -322,8 +326,8 @@ def random_graphs(draw: Callable[..., Any], max_steps: int = 7, max_side: int = 
     return GraphCase(g, "loss", wrt, feeds, data, recipe)
 
 
-# -- gradient checks -------------------------------------------------------------------------------------
-class GradientMismatch(AssertionError):
+# -- gradient checks -------------------------------------------------------------------------------
+class GradientCheckError(AssertionError):
     """Autodiff disagrees with finite differences; the message names the tensor and worst element."""
 
 
@@ -363,7 +367,7 @@ def _compare(
     x = feeds[name]
     analytic = np.asarray(analytic, np.float64)
     if analytic.shape != x.shape:
-        raise GradientMismatch(
+        raise GradientCheckError(
             f"gradient of {what} w.r.t. {name!r} has shape {analytic.shape}, the tensor has {x.shape}"
         )
 
@@ -386,7 +390,7 @@ def _compare(
     worst = int(np.argmax(excess)) if len(flat) else 0
     index = tuple(int(v) for v in np.unravel_index(flat[worst], x.shape)) if len(flat) else ()
     if len(flat) and excess[worst] > 1:
-        raise GradientMismatch(
+        raise GradientCheckError(
             f"gradient of {what} w.r.t. {name!r} {x.shape} does not match central finite differences: "
             f"worst element {name}[{', '.join(map(str, index))}]: autodiff {got[worst]:.9g}, "
             f"numeric {numeric[worst]:.9g} (|diff| {err[worst]:.3g} > {atol:g} + {rtol:g} * |numeric|); "
@@ -399,7 +403,7 @@ def _compare(
         numeric_dir = (at(eps * v) - at(-eps * v)) / (2 * eps)
         analytic_dir = float(np.sum(analytic * v))
         if abs(analytic_dir - numeric_dir) > atol + rtol * float(np.sum(np.abs(analytic * v))):
-            raise GradientMismatch(
+            raise GradientCheckError(
                 f"gradient of {what} w.r.t. {name!r} {x.shape} does not match central finite differences "
                 f"along a random direction: autodiff {analytic_dir:.9g}, numeric {numeric_dir:.9g}"
             )
@@ -432,7 +436,7 @@ def check_graph_gradients(
     named in `wrt`, each element (or a random subset of `max_elements`) is perturbed by +-`eps`,
     and the gradient is also checked along `directions` random unit directions. An element passes
     when ``|autodiff - numeric| <= atol + rtol * |numeric|``. The gradient graph must validate.
-    Raises `GradientMismatch` naming the tensor and its worst element; returns one report per input.
+    Raises `GradientCheckError` naming the tensor and its worst element; returns one report per input.
     """
     base = _loss_only(graph, loss_output)
     values = {k: np.asarray(v, np.float64) for k, v in feeds.items()}
@@ -446,7 +450,16 @@ def check_graph_gradients(
     rng = np.random.default_rng(seed)
     return {
         name: _compare(
-            name, analytic[f"grad:{name}"], values, loss, eps, rtol, atol, max_elements, directions, rng,
+            name,
+            analytic[f"grad:{name}"],
+            values,
+            loss,
+            eps,
+            rtol,
+            atol,
+            max_elements,
+            directions,
+            rng,
             repr(loss_output),
         )
         for name in wrt
@@ -473,12 +486,14 @@ def check_gradients(
     them, for every trainable parameter and every element (or a random subset of
     `max_elements`), with ``(L(p + eps) - L(p - eps)) / (2 eps)`` of the same train-mode loss.
     Models with kinks (ReLU, max-pooling) need inputs that keep every activation away from them.
-    Raises `GradientMismatch` naming the parameter and its worst element; returns one report per
+    Raises `GradientCheckError` naming the parameter and its worst element; returns one report per
     parameter.
     """
     import glcomp
 
-    prog = glcomp.compile(model, {k: np.shape(v) for k, v in inputs.items()}, loss=loss, target_name=target_name)
+    prog = glcomp.compile(
+        model, {k: np.shape(v) for k, v in inputs.items()}, loss=loss, target_name=target_name
+    )
     given = dict(inputs) | {target_name: target}
     runtime = prog.runtime("reference", dtype=np.float64)
     analytic = runtime.gradients(**given)
@@ -500,7 +515,7 @@ def check_gradients(
 __all__ = [
     "BOUNDS",
     "DOMAINS",
-    "GradientMismatch",
+    "GradientCheckError",
     "GradientReport",
     "GraphCase",
     "OpCase",

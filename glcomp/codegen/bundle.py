@@ -17,6 +17,7 @@ import numpy as np
 
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.memplan import Pool, plan_memory
+from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.plan import plan_kernels
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.target import Target, make_target
@@ -65,6 +66,22 @@ def _isolate_state_outputs(graph: Graph) -> Graph:
             g.outputs[key] = unary("stop_gradient", Tensor(g, n)).node
         seen.add(g.outputs[key])
     return g
+
+
+PASSES = {
+    "fusion": "fuse elementwise, movement and index ops into the kernels that read them",
+    "mrt": "write results of consecutive kernels that share inputs from one draw call",
+    "memplan": "reuse temporary textures by liveness",
+}
+
+
+def passes_of(program: Program) -> dict[str, bool]:
+    """The code-generation passes in effect: all on unless `passes={...}` switched some off."""
+    given = program.options.get("passes") or {}
+    unknown = set(given) - set(PASSES)
+    if unknown:
+        raise GlcompError(f"unknown passes {sorted(unknown)}; known: {sorted(PASSES)}")
+    return {name: bool(given.get(name, True)) for name in PASSES}
 
 
 def target_of(program: Program) -> Target:
@@ -122,6 +139,7 @@ def build_bundle(program: Program) -> Bundle:
         "programs": programs,
         "entries": entries,
         "memory": {"texture_bytes": peak, "textures": len(textures)},
+        "passes": {k: bool(v) for k, v in sorted(passes_of(program).items())},
     }
     weights = {k: np.asarray(v, np.float32) for k, v in init.items()}
     weights |= {k: np.asarray(v, np.int64) for k, v in program.counters.items()}
@@ -142,7 +160,8 @@ def _lower_entry(
     size = target.max_texture_size
     layouts: dict[int, Layout] = {n: layout_for(graph.shape(n), size) for n in graph.nodes()}
     pages = {n: lay.pages for n, lay in layouts.items()}
-    kernels, stored = plan_kernels(graph, target, pages)
+    passes = passes_of(program)
+    kernels, stored = plan_kernels(graph, target, pages, fusion=passes.get("fusion", True))
     hypers = {n: graph.attrs(n)["name"] for n in graph.inputs.values() if graph.attrs(n)["role"] == "hyper"}
     renderer = KernelRenderer(graph, layouts, target)
 
@@ -153,12 +172,15 @@ def _lower_entry(
                if graph.attrs(n)["role"] in ("data", "target")}
     readback = {k: n for k, n in graph.outputs.items() if k not in _state_outputs(graph)}
 
+    if passes.get("mrt", True):
+        kernels = mrt_fusion(kernels, graph, layouts, target, fixed=set(state_out))
+
     steps = [(k.roots, k.leaves) for k in kernels]
     temp_sizes = {
         n: [(layouts[n].width, layouts[n].height)] * layouts[n].pages
         for n in stored if n not in state_in and n not in state_out and n not in hypers
     }
-    reuse = program.options.get("passes", {}).get("memplan", True)
+    reuse = passes.get("memplan", True)
     temps = plan_memory(steps, temp_sizes, set(readback.values()), pool, reuse)
 
     def ref(n: int, page: int) -> Any:

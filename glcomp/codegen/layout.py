@@ -44,13 +44,17 @@ class Layout:
         return d
 
 
-def layout_for(shape: tuple[int, ...], max_size: int) -> Layout:
-    """The packed layout of a tensor of `shape` under a max texture side of `max_size`."""
+def layout_for(shape: tuple[int, ...], max_size: int, width: int | None = None) -> Layout:
+    """The packed layout of a tensor of `shape` under a max texture side of `max_size`
+    (`width` forces the texture width, for render targets that must share a footprint)."""
     row_len = shape[-1] if shape else 1
     rows = math.prod(shape[:-1]) if shape else 1
     row_texels = max(1, math.ceil(row_len / 4))
     texels = max(1, rows * row_texels)
-    if texels <= max_size * max_size:
+    if width is not None:
+        height = min(max_size, _pow2(math.ceil(texels / width)))
+        pages = math.ceil(texels / (width * height))
+    elif texels <= max_size * max_size:
         width = min(max_size, _pow2(math.ceil(math.sqrt(texels))))
         height = min(max_size, _pow2(math.ceil(texels / width)))
         pages = 1

@@ -47,10 +47,14 @@ def _readers_through_views(graph: Graph, n: int, memo: dict[int, int]) -> int:
     return count
 
 
-def materialized(graph: Graph) -> set[int]:
+def materialized(graph: Graph, fusion: bool = True) -> set[int]:
     """The nodes whose values are stored in textures: inputs, outputs, loop-kernel results and
-    computed values read more than once. Constants and views of stored values never are."""
+    computed values read more than once. Constants and views of stored values never are.
+    With `fusion` off every computed node is stored (one kernel per op, to measure fusion)."""
     stored: set[int] = set()
+    if not fusion:
+        return {n for n in graph.nodes() if graph.op(n) != "const"
+                and not (graph.op(n) == "input" and graph.attrs(n)["role"] == "hyper")}
     memo: dict[int, int] = {}
     outputs = set(graph.outputs.values())
     for n in graph.topo():
@@ -84,7 +88,9 @@ def _samplers(graph: Graph, leaves: list[int], pages: dict[int, int]) -> int:
     return sum(pages[n] for n in leaves if graph.attrs(n).get("role") != "hyper")
 
 
-def plan_kernels(graph: Graph, target: Target, pages: dict[int, int]) -> tuple[list[Kernel], set[int]]:
+def plan_kernels(
+    graph: Graph, target: Target, pages: dict[int, int], fusion: bool = True
+) -> tuple[list[Kernel], set[int]]:
     """Group the graph into kernels in execution order.
 
     Guarantees: every stored non-input node is the root of exactly one kernel, kernels come
@@ -92,7 +98,7 @@ def plan_kernels(graph: Graph, target: Target, pages: dict[int, int]) -> tuple[l
     fused operand is stored instead, largest first, until it fits). `pages` gives the number
     of texture pages per node (split tensors need one sampler each).
     """
-    stored = materialized(graph)
+    stored = materialized(graph, fusion)
     kernels: list[Kernel] = []
     changed = True
     while changed:  # storing one more value can only reduce sampler pressure elsewhere

@@ -24,6 +24,9 @@ from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
 
 
+FUSED_ROOT = ("elementwise", "movement", "index", "source")
+
+
 def templates_dir() -> Path:
     """The template folder: `templates/` in a source checkout, `glcomp/templates` in a wheel."""
     here = Path(__file__).resolve().parent.parent
@@ -254,6 +257,23 @@ class KernelRenderer:
         return r
 
     # -- whole kernel ----------------------------------------------------------------------------
+    def _output(self, n: int) -> dict[str, Any]:
+        """How main() maps a texel of root `n`'s texture to its elements."""
+        lay, shape = self.layouts[n], self.graph.shape(n)
+        lead = list(shape[:-1])
+        unflatten = []
+        for k, (st, s) in enumerate(zip(_strides(tuple(lead)), lead)):
+            expr = "row" if st == 1 else f"row / {st}"
+            unflatten.append(f"int i{k} = {expr if k == 0 else f'imod({expr}, {s})'};")
+        args = ", ".join([f"i{k}" for k in range(len(lead))] + (["j"] if shape else []))
+        return {
+            "row_texels": lay.row_texels,
+            "texels": lay.texels,
+            "row_len": lay.row_len,
+            "unflatten": unflatten,
+            "args": args,
+        }
+
     def render(self, kernel: Kernel, hypers: dict[int, str]) -> Rendered:
         g, t = self.graph, self.target
         samplers: list[tuple[str, int, int]] = []
@@ -281,38 +301,24 @@ class KernelRenderer:
                 }
             )
         functions = [self.leaf_function(leaf, uniform_of) for leaf in kernel.leaves]
-        functions += [self.node_function(n) for n in kernel.body]
-        rule0 = get_op(g.op(kernel.roots[0]))
-        if rule0.kind in ("elementwise", "movement", "index", "source"):
-            functions += [self.node_function(n) for n in kernel.roots]
-        out_lay = self.layouts[kernel.roots[0]]
-        shape = g.shape(kernel.roots[0])
-        lead = list(shape[:-1])
-        unflatten = []
-        for k, (st, s) in enumerate(zip(_strides(tuple(lead)), lead)):
-            expr = "row" if st == 1 else f"row / {st}"
-            unflatten.append(f"int i{k} = {expr if k == 0 else f'imod({expr}, {s})'};")
-        out_args = ", ".join([f"i{k}" for k in range(len(lead))] + (["j"] if shape else []))
+        # Fused nodes and elementwise roots (which MRT groups may also read inline), each defined
+        # once; node ids are a topological order, so callees come before callers.
+        inline = set(kernel.body) | {r for r in kernel.roots if get_op(g.op(r)).kind in FUSED_ROOT}
+        functions += [self.node_function(n) for n in sorted(inline)]
+        outputs = [self._output(r) for r in kernel.roots]
         context = {
             "webgl1": t.webgl1,
             "kernel_name": kernel.name,
             "node_ids": ", ".join(f"%{n}" for n in [*kernel.body, *kernel.roots]),
             "origins": [safe_comment(o) for o in kernel.origins],
-            "outputs": kernel.roots,
+            "outputs": outputs,
             "samplers": [s for s, _, _ in samplers],
             "uniforms": [u for u, _ in uniforms],
             "fetches": fetches,
             "functions": functions,
             "roots": [self.root(n) for n in kernel.roots],
             "max_loop": t.max_loop_iterations,
-            "out": {
-                "width": out_lay.width,
-                "row_texels": out_lay.row_texels,
-                "texels": out_lay.texels,
-                "row_len": out_lay.row_len,
-                "unflatten": unflatten,
-                "args": out_args,
-            },
+            "width": self.layouts[kernel.roots[0]].width,
         }
         source = environment().get_template(f"{kernel.template}.frag.j2").render(context)
         return Rendered(source, samplers, uniforms)

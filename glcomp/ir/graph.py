@@ -122,6 +122,8 @@ class Graph:
     def copy(self) -> Graph:
         new = Graph()
         new.g = self.g.copy()
+        for _, data in new.g.nodes(data=True):  # attrs dicts too, so edits to a copy stay local
+            data["attrs"] = dict(data["attrs"])
         new.inputs = dict(self.inputs)
         new.outputs = dict(self.outputs)
         new._next = self._next
@@ -150,7 +152,10 @@ class Graph:
             raise GlcompError("graph has a cycle")
         for n in self.g.nodes:
             data = self.g.nodes[n]
-            rule = get_op(data["op"])
+            try:
+                rule = get_op(data["op"])
+            except KeyError:
+                raise GlcompError(f"unregistered op {data['op']!r} at node %{n}") from None
             idx = sorted(i for _, _, i in self.g.in_edges(n, data="index"))
             if idx != list(range(len(idx))):
                 raise GlcompError(f"bad operand indices {idx} at {format_node(self, n)}")

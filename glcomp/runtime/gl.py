@@ -52,6 +52,47 @@ def context_info(ctx: Any) -> dict[str, Any]:
     }
 
 
+_PROBE_VERT = "#version 330\nin vec2 a_position;\nvoid main() { gl_Position = vec4(a_position, 0.0, 1.0); }\n"
+_PROBE_FRAG = "#version 330\nout vec4 color;\nvoid main() { color = vec4(1.5, -2.0, 0.25, 65536.0); }\n"
+
+
+def probe_float_targets(ctx: Any) -> dict[str, bool]:
+    """Whether RGBA32F textures can be rendered to (values outside [0, 1] survive) and blended
+    additively (ONE, ONE) into, checked by drawing one pixel and reading it back."""
+    import moderngl
+
+    result = {"float_render_targets": False, "float_blending": False}
+    objects: list[Any] = []
+    try:
+        tex = ctx.texture((1, 1), 4, dtype="f4")
+        objects.append(tex)
+        fbo = ctx.framebuffer(color_attachments=[tex])
+        objects.append(fbo)
+        prog = ctx.program(vertex_shader=_PROBE_VERT, fragment_shader=_PROBE_FRAG)
+        objects.append(prog)
+        vbo = ctx.buffer(_QUAD.tobytes())
+        objects.append(vbo)
+        vao = ctx.vertex_array(prog, [(vbo, "2f", "a_position")])
+        objects.append(vao)
+        fbo.use()
+        ctx.viewport = (0, 0, 1, 1)
+        ctx.disable(moderngl.BLEND)
+        vao.render(moderngl.TRIANGLES, vertices=3)
+        want = np.array([1.5, -2.0, 0.25, 65536.0], np.float32)
+        result["float_render_targets"] = bool(np.allclose(np.frombuffer(tex.read(), np.float32), want))
+        ctx.enable(moderngl.BLEND)
+        ctx.blend_func = moderngl.ONE, moderngl.ONE
+        vao.render(moderngl.TRIANGLES, vertices=3)
+        ctx.disable(moderngl.BLEND)
+        result["float_blending"] = bool(np.allclose(np.frombuffer(tex.read(), np.float32), 2 * want))
+    except Exception:  # a failed probe means the feature is missing
+        pass
+    finally:
+        for obj in reversed(objects):
+            obj.release()
+    return result
+
+
 def _compile_error(kernel: str, source: str, err: Exception) -> GlcompError:
     msg = str(err)
     header = "\n".join(line for line in source.splitlines()[:12] if line.startswith("//"))
@@ -218,6 +259,15 @@ class GLRuntime:
                 refs = [{"state": name, "version": "cur", "page": p} for p in range(st["layout"]["pages"])]
                 out[name] = self._read(refs, st["layout"])
         out |= {k: v.copy() for k, v in self.counters.items()}
+        return out
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer state (``opt.<param>.<slot>``, ``opt.step``) as it is now."""
+        out = {}
+        for name, st in self.manifest["states"].items():
+            if st["role"] == "state":
+                refs = [{"state": name, "version": "cur", "page": p} for p in range(st["layout"]["pages"])]
+                out[name] = self._read(refs, st["layout"])
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

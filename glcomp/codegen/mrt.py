@@ -1,0 +1,84 @@
+"""MRT fusion: write several kernels' results from one draw call, one render target each.
+
+Kernels of one family that run back to back and read the same textures (the weight, input and
+bias gradients of a layer; Adam's new parameter, first and second moments) are merged: the
+shader is rendered once with several roots. An elementwise root read by a later member is
+recomputed inline instead of sampled (it is being written in the same draw). All attachments of
+a framebuffer must have one size (WebGL 2), so the group's values get a common footprint.
+"""
+
+from __future__ import annotations
+
+from glcomp.codegen.layout import Layout, layout_for
+from glcomp.codegen.plan import FUSIBLE, Kernel
+from glcomp.codegen.target import Target
+from glcomp.ir.graph import Graph
+from glcomp.ir.ops import get_op
+
+
+def _fusible_root(graph: Graph, n: int) -> bool:
+    return get_op(graph.op(n)).kind in FUSIBLE or graph.op(n) == "const"
+
+
+def mrt_fusion(
+    kernels: list[Kernel],
+    graph: Graph,
+    layouts: dict[int, Layout],
+    target: Target,
+    fixed: set[int],
+) -> list[Kernel]:
+    """Merge runs of consecutive kernels into multi-target kernels.
+
+    Guarantees: execution order stays valid (members are consecutive, and a member reads an
+    earlier member's value only by recomputing it inline); a group has at most
+    `max_draw_buffers` targets and at most `max_texture_units` samplers; every root of a group
+    gets a layout of the same width and height (`layouts` is updated in place), and values in
+    `fixed` (state textures with a preset layout) only join groups whose footprint they already
+    have. A kernel joins a group only when it shares a texture read with it or reads one of its
+    results: otherwise merging saves nothing worth the larger shader.
+    """
+    out: list[Kernel] = []
+    for k in kernels:
+        g = out[-1] if out else None
+        merged = _try_merge(g, k, graph, layouts, target, fixed) if g is not None else None
+        if merged is None:
+            out.append(k)
+        else:
+            out[-1] = merged
+    return out
+
+
+def _try_merge(
+    g: Kernel, k: Kernel, graph: Graph, layouts: dict[int, Layout], target: Target, fixed: set[int]
+) -> Kernel | None:
+    if g.template != k.template or len(g.roots) + len(k.roots) > target.max_draw_buffers:
+        return None
+    roots = g.roots + k.roots
+    if any(layouts[r].pages > 1 for r in roots):
+        return None
+    reads_group = [leaf for leaf in k.leaves if leaf in g.roots]
+    if reads_group and not all(_fusible_root(graph, r) for r in reads_group):
+        return None  # a loop kernel's result cannot be recomputed inline cheaply
+    shared = set(g.leaves) & set(k.leaves)
+    if not shared and not reads_group:
+        return None
+    leaves = sorted((set(g.leaves) | set(k.leaves)) - set(g.roots))
+    samplers = sum(layouts[n].pages for n in leaves if graph.attrs(n).get("role") != "hyper")
+    if samplers > target.max_texture_units:
+        return None
+    width = max(layouts[r].width for r in roots)
+    height = max(layouts[r].height for r in roots)
+    if any((layouts[r].width, layouts[r].height) != (width, height) for r in roots if r in fixed):
+        return None
+    resized = {}
+    for r in roots:
+        lay = layouts[r]
+        if (lay.width, lay.height) != (width, height):
+            new = layout_for(lay.shape, target.max_texture_size, width=width)
+            if new.height > height or new.pages > 1:
+                return None
+            resized[r] = Layout(new.shape, new.rows, new.row_len, new.row_texels, new.texels, width, height, 1)
+    layouts.update(resized)
+    body = sorted(set(g.body) | set(k.body) | set(reads_group))
+    origins = sorted(set(g.origins) | set(k.origins))
+    return Kernel(f"{g.name}+{k.name.split('_', 1)[0]}", roots, body, leaves, g.template, origins)
