@@ -9,7 +9,7 @@ import numpy as np
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph, origin
 from glcomp.ir.passes import autodiff
-from glcomp.ir.tensor import Tensor
+from glcomp.ir.tensor import Tensor, maximum
 from glcomp.ir.trace import is_counter, set_outputs, trace_module
 from glcomp.nn.module import Module, _TRACE
 from glcomp.optim import Optimizer
@@ -26,6 +26,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     *,
     target: str = "webgl2",
     target_name: str = "y",
+    clip_grad_value: float | None = None,
+    clip_grad_norm: float | None = None,
     **options: Any,
 ) -> Program:
     """Compile `model` for the given input shapes.
@@ -33,7 +35,11 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     Without `loss` only `predict` exists. With `loss`, `gradients` (loss and parameter
     gradients, train mode, no update) exists too, and with `optimizer` also `train_step`
     (loss, then new parameters, optimizer state and running statistics), all as graphs.
-    Extra `options` are kept for the code generator (target limits, passes).
+    `clip_grad_value` clamps each gradient element to [-v, v] and `clip_grad_norm` rescales
+    all gradients so their global L2 norm is at most the value (torch's clip_grad_norm_), both
+    inside the train step. Extra `options` are kept for the code generator: target limits
+    (max_texture_size, max_draw_buffers, max_texture_units, max_loop_iterations) and
+    ``passes={"fusion": ..., "mrt": ..., "memplan": ...}`` to switch passes off.
     """
     if target not in TARGETS:
         raise GlcompError(f"unknown target {target!r}; use one of {TARGETS}")
@@ -82,6 +88,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
 
     program.lr = optimizer.lr
     train = grads
+    _clip(train, trainable, clip_grad_value, clip_grad_norm)
     for name, tensor in state.buffer_updates.items():
         train.outputs[f"buffer:{name}"] = tensor.node
     with origin(f"optimizer ({type(optimizer).__name__})"):
@@ -106,6 +113,26 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     keep = ["loss"] + [k for k in train.outputs if k.split(":")[0] in ("param", "state", "buffer")]
     graphs["train_step"] = _finish(_only(train, keep))
     return program
+
+
+def _clip(graph: Graph, names: list[str], value: float | None, norm: float | None) -> None:
+    """Rewrite the ``grad:`` outputs of `graph` with gradient clipping applied."""
+    keys = [f"grad:{n}" for n in names]
+    with origin("gradient clipping"):
+        grads = {k: Tensor(graph, graph.outputs[k]) for k in keys}
+        if value is not None:
+            if value <= 0:
+                raise GlcompError(f"clip_grad_value must be positive, got {value}")
+            # clamp(g, -v, v) = -max(-max(g, -v), -v): built from the maximum primitive.
+            grads = {k: -maximum(-maximum(g, -value), -value) for k, g in grads.items()}
+        if norm is not None:
+            if norm <= 0:
+                raise GlcompError(f"clip_grad_norm must be positive, got {norm}")
+            total = sum((g * g).sum() for g in grads.values()).sqrt()
+            coef = -maximum(-(norm / (total + 1e-6)), -1.0)  # min(max_norm / (norm + eps), 1)
+            grads = {k: g * coef for k, g in grads.items()}
+        for k, g in grads.items():
+            graph.outputs[k] = g.node
 
 
 def _trainable(model: Module, optimizer: Optimizer | None) -> list[str]:

@@ -249,6 +249,26 @@ class GLRuntime:
             self.counters[name] = self.counters[name] + 1
         return float(out["loss"])
 
+    def train_steps(self, batches: Any, read_every: int = 0) -> list[float]:
+        """Run one train step per batch (a dict of inputs). The loss is read back only every
+        `read_every` steps and after the last one (0: only the last), so the GPU is not stalled
+        by a readback each step; returns the losses that were read."""
+        losses = []
+        batches = list(batches)
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            read = last or (read_every and (i + 1) % read_every == 0)
+            out = self.run("train_step", batch, read=["loss"] if read else [])
+            for name in self.counters:
+                self.counters[name] = self.counters[name] + 1
+            if read:
+                losses.append(float(out["loss"]))
+        return losses
+
+    def gl_objects(self) -> int:
+        """How many GL objects this runtime holds (constant after construction)."""
+        return len(self.textures) + len(self.programs) + len(self.vaos) + len(self._fbos) + 1
+
     def set_lr(self, lr: float) -> None:
         self.hyper["lr"] = float(lr)
 

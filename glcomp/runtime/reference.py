@@ -75,6 +75,16 @@ class ReferenceRuntime:
             self.counters[name] = self.counters[name] + 1
         return float(out["loss"])
 
+    def train_steps(self, batches: Any, read_every: int = 0) -> list[float]:
+        """Same contract as the GL runtime's: the losses of every `read_every`-th and the last step."""
+        batches = list(batches)
+        losses = []
+        for i, batch in enumerate(batches):
+            loss = self.train_step(**batch)
+            if i == len(batches) - 1 or (read_every and (i + 1) % read_every == 0):
+                losses.append(loss)
+        return losses
+
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
 
