@@ -3,8 +3,11 @@
 Front-end -> IR -> passes -> kernel plan -> GLSL -> bundle -> runtime.
 """
 
-from glcomp import ir  # noqa: F401  (populates the op registry)
-from glcomp import nn, optim
+from glcomp import (
+    ir,  # noqa: F401  (populates the op registry)
+    nn,
+    optim,
+)
 from glcomp.compiler import compile
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
@@ -25,8 +28,8 @@ def load(directory: str) -> "object":
 
 
 __all__ = [
-    "Graph",
     "GlcompError",
+    "Graph",
     "Program",
     "Tensor",
     "cat",

@@ -11,7 +11,7 @@ from glcomp.ir.graph import Graph, origin
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, maximum
 from glcomp.ir.trace import is_counter, set_outputs, trace_module
-from glcomp.nn.module import Module, _TRACE
+from glcomp.nn.module import _TRACE, Module
 from glcomp.optim import Optimizer
 from glcomp.program import InputSpec, Program
 
@@ -139,10 +139,7 @@ def _trainable(model: Module, optimizer: Optimizer | None) -> list[str]:
     chosen = None
     if optimizer is not None and optimizer.params is not None:
         chosen = {id(p) for p in optimizer.params}
-    return [
-        k for k, p in model.named_parameters()
-        if p.requires_grad and (chosen is None or id(p) in chosen)
-    ]
+    return [k for k, p in model.named_parameters() if p.requires_grad and (chosen is None or id(p) in chosen)]
 
 
 def _only(graph: Graph, names: list[str]) -> Graph:

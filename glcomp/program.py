@@ -74,8 +74,8 @@ class Program:
 
             return ReferenceRuntime(self, **options)
         if kind == "gl":
-            from glcomp.runtime.gl import GLRuntime
             from glcomp.codegen.bundle import build_bundle
+            from glcomp.runtime.gl import GLRuntime
 
             return GLRuntime(build_bundle(self), **options)
         raise GlcompError(f"unknown runtime {kind!r}; use 'reference' or 'gl'")

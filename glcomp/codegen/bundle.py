@@ -108,15 +108,26 @@ def build_bundle(program: Program) -> Bundle:
         lay = layout_for(tuple(value.shape), size)
         sets = [[f"state{i}{v}{p}" for p in range(lay.pages)] for v in "ab"]
         states[name] = {"role": roles[name], "layout": lay.to_json(), "textures": sets}
-    state_sizes = {t: (st["layout"]["width"], st["layout"]["height"]) for st in states.values()
-                   for group in st["textures"] for t in group}
+    state_sizes = {
+        t: (st["layout"]["width"], st["layout"]["height"])
+        for st in states.values()
+        for group in st["textures"]
+        for t in group
+    }
 
     entries: dict[str, Any] = {}
     for entry in ENTRY_POINTS:
         if entry in program.graphs:
             entries[entry] = _lower_entry(
-                entry, program, _isolate_state_outputs(program.graphs[entry]), target, pool,
-                programs, shaders, by_source, states,
+                entry,
+                program,
+                _isolate_state_outputs(program.graphs[entry]),
+                target,
+                pool,
+                programs,
+                shaders,
+                by_source,
+                states,
             )
 
     textures = {name: {"width": w, "height": h} for name, (w, h) in pool.sizes().items()}
@@ -168,8 +179,11 @@ def _lower_entry(
     # Where each stored value lives: a state texture set, or a temporary from the pool.
     state_in = {n: graph.attrs(n)["name"] for n in graph.inputs.values() if graph.attrs(n)["name"] in states}
     state_out = {graph.outputs[k]: name for k, name in _state_outputs(graph).items()}
-    data_in = {graph.attrs(n)["name"]: n for n in graph.inputs.values()
-               if graph.attrs(n)["role"] in ("data", "target")}
+    data_in = {
+        graph.attrs(n)["name"]: n
+        for n in graph.inputs.values()
+        if graph.attrs(n)["role"] in ("data", "target")
+    }
     readback = {k: n for k, n in graph.outputs.items() if k not in _state_outputs(graph)}
 
     if passes.get("mrt", True):
@@ -178,7 +192,8 @@ def _lower_entry(
     steps = [(k.roots, k.leaves) for k in kernels]
     temp_sizes = {
         n: [(layouts[n].width, layouts[n].height)] * layouts[n].pages
-        for n in stored if n not in state_in and n not in state_out and n not in hypers
+        for n in stored
+        if n not in state_in and n not in state_out and n not in hypers
     }
     reuse = passes.get("memplan", True)
     temps = plan_memory(steps, temp_sizes, set(readback.values()), pool, reuse)

@@ -77,7 +77,9 @@ def _try_merge(
             new = layout_for(lay.shape, target.max_texture_size, width=width)
             if new.height > height or new.pages > 1:
                 return None
-            resized[r] = Layout(new.shape, new.rows, new.row_len, new.row_texels, new.texels, width, height, 1)
+            resized[r] = Layout(
+                new.shape, new.rows, new.row_len, new.row_texels, new.texels, width, height, 1
+            )
     layouts.update(resized)
     body = sorted(set(g.body) | set(k.body) | set(reads_group))
     origins = sorted(set(g.origins) | set(k.origins))

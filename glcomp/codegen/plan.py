@@ -53,13 +53,16 @@ def materialized(graph: Graph, fusion: bool = True) -> set[int]:
     With `fusion` off every computed node is stored (one kernel per op, to measure fusion)."""
     stored: set[int] = set()
     if not fusion:
-        return {n for n in graph.nodes() if graph.op(n) != "const"
-                and not (graph.op(n) == "input" and graph.attrs(n)["role"] == "hyper")}
+        return {
+            n
+            for n in graph.nodes()
+            if graph.op(n) != "const" and not (graph.op(n) == "input" and graph.attrs(n)["role"] == "hyper")
+        }
     memo: dict[int, int] = {}
     outputs = set(graph.outputs.values())
     for n in graph.topo():
         kind = get_op(graph.op(n)).kind
-        if n in outputs or graph.op(n) == "input" and graph.attrs(n)["role"] != "hyper":
+        if n in outputs or (graph.op(n) == "input" and graph.attrs(n)["role"] != "hyper"):
             stored.add(n)
         elif kind in ("reduce", "matmul", "conv", "pool"):
             stored.add(n)

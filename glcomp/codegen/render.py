@@ -23,7 +23,6 @@ from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
 
-
 FUSED_ROOT = ("elementwise", "movement", "index", "source")
 
 

@@ -37,8 +37,10 @@ def write_bundle(bundle: Any, directory: Path) -> Path:
             raise GlcompError(f"refusing to write shader with unsafe name {name!r}")
         (shader_dir / name).write_text(source)
     (directory / "manifest.json").write_text(json.dumps(bundle.manifest, indent=1, sort_keys=True))
-    save_file({k: np.ascontiguousarray(v) for k, v in bundle.weights.items()},
-              str(directory / "weights.safetensors"))
+    save_file(
+        {k: np.ascontiguousarray(v) for k, v in bundle.weights.items()},
+        str(directory / "weights.safetensors"),
+    )
     return directory
 
 
@@ -60,8 +62,10 @@ class _Check:
         return obj
 
     def int(self, obj: Any, field: str, lo: int = 0, hi: int = 1 << 40) -> int:
-        self.need(isinstance(obj, int) and not isinstance(obj, bool) and lo <= obj <= hi,
-                  f"{field} must be an integer in [{lo}, {hi}], got {obj!r}")
+        self.need(
+            isinstance(obj, int) and not isinstance(obj, bool) and lo <= obj <= hi,
+            f"{field} must be an integer in [{lo}, {hi}], got {obj!r}",
+        )
         return obj
 
     def name(self, obj: Any, field: str) -> str:
@@ -73,8 +77,10 @@ def check_layout(c: _Check, lay: Any, field: str, shape: Any = None) -> dict[str
     lay = c.dict(lay, field)
     keys = {"shape", "rows", "row_len", "row_texels", "texels", "width", "height", "pages"}
     c.need(set(lay) == keys, f"{field} must have exactly the keys {sorted(keys)}")
-    c.need(isinstance(lay["shape"], list) and all(isinstance(s, int) and s >= 0 for s in lay["shape"]),
-           f"{field}.shape must be a list of sizes")
+    c.need(
+        isinstance(lay["shape"], list) and all(isinstance(s, int) and s >= 0 for s in lay["shape"]),
+        f"{field}.shape must be a list of sizes",
+    )
     if shape is not None:
         c.need(list(shape) == lay["shape"], f"{field}.shape {lay['shape']} != {list(shape)}")
     for k in keys - {"shape"}:
@@ -97,9 +103,21 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
     c = _Check("manifest.json")
     m = c.dict(m, "manifest")
     c.need(m.get("format") == FORMAT, f"format must be {FORMAT!r}, got {m.get('format')!r}")
-    c.need(m.get("version") in VERSIONS, f"unknown format version {m.get('version')!r} (supported: {VERSIONS})")
-    required = {"target", "inputs", "hyper", "states", "counters", "textures", "vertex_shader",
-                "programs", "entries", "memory"}
+    c.need(
+        m.get("version") in VERSIONS, f"unknown format version {m.get('version')!r} (supported: {VERSIONS})"
+    )
+    required = {
+        "target",
+        "inputs",
+        "hyper",
+        "states",
+        "counters",
+        "textures",
+        "vertex_shader",
+        "programs",
+        "entries",
+        "memory",
+    }
     missing = required - set(m)
     c.need(not missing, f"missing fields {sorted(missing)}")
     target = c.dict(m["target"], "target")
@@ -122,12 +140,16 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
         sets = st.get("textures")
         c.need(isinstance(sets, list) and len(sets) == 2, f"states.{name}.textures must hold two sets")
         for group in sets:
-            c.need(isinstance(group, list) and len(group) == lay["pages"],
-                   f"states.{name}.textures: one texture per page expected")
+            c.need(
+                isinstance(group, list) and len(group) == lay["pages"],
+                f"states.{name}.textures: one texture per page expected",
+            )
             for t in group:
                 c.need(t in textures, f"states.{name} refers to unknown texture {t!r}")
-                c.need(textures[t] == {"width": lay["width"], "height": lay["height"]},
-                       f"states.{name}: texture {t!r} has the wrong size")
+                c.need(
+                    textures[t] == {"width": lay["width"], "height": lay["height"]},
+                    f"states.{name}: texture {t!r} has the wrong size",
+                )
     for name, spec in c.dict(m["inputs"], "inputs").items():
         c.name(name, "input")
         spec = c.dict(spec, f"inputs.{name}")
@@ -144,10 +166,15 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
     for pid, prog in programs.items():
         c.name(pid, "program")
         prog = c.dict(prog, f"programs.{pid}")
-        c.need(prog.get("fragment") in shader_names, f"programs.{pid}: shader {prog.get('fragment')!r} is missing")
+        c.need(
+            prog.get("fragment") in shader_names,
+            f"programs.{pid}: shader {prog.get('fragment')!r} is missing",
+        )
         for s in prog.get("samplers", []) + prog.get("uniforms", []):
-            c.need(isinstance(s, str) and re.match(r"^[a-z][a-z0-9_]{0,40}$", s) is not None,
-                   f"programs.{pid}: bad uniform name {s!r}")
+            c.need(
+                isinstance(s, str) and re.match(r"^[a-z][a-z0-9_]{0,40}$", s) is not None,
+                f"programs.{pid}: bad uniform name {s!r}",
+            )
         c.int(prog.get("outputs"), f"programs.{pid}.outputs", 1, 16)
 
     def check_ref(ref: Any, field: str) -> tuple[int, int]:
@@ -167,16 +194,20 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
         e = c.dict(e, f"entries.{entry}")
         for name, refs in c.dict(e.get("inputs"), f"entries.{entry}.inputs").items():
             c.need(name in m["inputs"], f"entries.{entry}: unknown input {name!r}")
-            c.need(isinstance(refs, list) and len(refs) == m["inputs"][name]["layout"]["pages"],
-                   f"entries.{entry}.inputs.{name}: one texture per page expected")
+            c.need(
+                isinstance(refs, list) and len(refs) == m["inputs"][name]["layout"]["pages"],
+                f"entries.{entry}.inputs.{name}: one texture per page expected",
+            )
             for r in refs:
                 check_ref(r, f"entries.{entry}.inputs.{name}")
         for name, out in c.dict(e.get("outputs"), f"entries.{entry}.outputs").items():
             c.name(name.replace(":", "_"), f"entries.{entry}.outputs")
             out = c.dict(out, f"entries.{entry}.outputs.{name}")
             lay = check_layout(c, out.get("layout"), f"entries.{entry}.outputs.{name}.layout")
-            c.need(isinstance(out.get("textures"), list) and len(out["textures"]) == lay["pages"],
-                   f"entries.{entry}.outputs.{name}: one texture per page expected")
+            c.need(
+                isinstance(out.get("textures"), list) and len(out["textures"]) == lay["pages"],
+                f"entries.{entry}.outputs.{name}: one texture per page expected",
+            )
             for r in out["textures"]:
                 check_ref(r, f"entries.{entry}.outputs.{name}")
         for name in e.get("updates", []):
@@ -189,25 +220,37 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
             prog = programs.get(d.get("program"))
             c.need(prog is not None, f"{field} refers to unknown program {d.get('program')!r}")
             samplers = c.dict(d.get("samplers"), f"{field}.samplers")
-            c.need(sorted(samplers) == sorted(prog["samplers"]), f"{field}: samplers do not match the program")
+            c.need(
+                sorted(samplers) == sorted(prog["samplers"]), f"{field}: samplers do not match the program"
+            )
             for s, r in samplers.items():
                 check_ref(r, f"{field}.samplers.{s}")
             uniforms = c.dict(d.get("uniforms"), f"{field}.uniforms")
-            c.need(sorted(uniforms) == sorted(prog["uniforms"]), f"{field}: uniforms do not match the program")
+            c.need(
+                sorted(uniforms) == sorted(prog["uniforms"]), f"{field}: uniforms do not match the program"
+            )
             for u, src in uniforms.items():
-                c.need(isinstance(src, dict) and src.get("hyper") in m["hyper"],
-                       f"{field}.uniforms.{u} must name a hyper-parameter")
+                c.need(
+                    isinstance(src, dict) and src.get("hyper") in m["hyper"],
+                    f"{field}.uniforms.{u} must name a hyper-parameter",
+                )
             targets = d.get("targets")
-            c.need(isinstance(targets, list) and len(targets) == prog["outputs"],
-                   f"{field}: one target per program output expected")
+            c.need(
+                isinstance(targets, list) and len(targets) == prog["outputs"],
+                f"{field}: one target per program output expected",
+            )
             sizes = {check_ref(r, f"{field}.targets") for r in targets}
             vp = d.get("viewport")
-            c.need(isinstance(vp, list) and len(vp) == 2 and all(isinstance(v, int) for v in vp),
-                   f"{field}.viewport must be [width, height]")
+            c.need(
+                isinstance(vp, list) and len(vp) == 2 and all(isinstance(v, int) for v in vp),
+                f"{field}.viewport must be [width, height]",
+            )
             c.need(sizes == {tuple(vp)}, f"{field}: render targets must all match the viewport size")
             read = {json.dumps(r, sort_keys=True) for r in samplers.values()}
-            c.need(not read & {json.dumps(r, sort_keys=True) for r in targets},
-                   f"{field} samples a texture it renders to")
+            c.need(
+                not read & {json.dumps(r, sort_keys=True) for r in targets},
+                f"{field} samples a texture it renders to",
+            )
             c.int(d.get("page_offset"), f"{field}.page_offset", 0)
             c.need(d.get("blend", False) in (True, False), f"{field}.blend must be a boolean")
 
@@ -230,7 +273,9 @@ def read_bundle(directory: Path) -> Any:
     names: set[str] = set()
     if isinstance(manifest, dict):
         wanted = [manifest.get("vertex_shader")]
-        wanted += [p.get("fragment") for p in (manifest.get("programs") or {}).values() if isinstance(p, dict)]
+        wanted += [
+            p.get("fragment") for p in (manifest.get("programs") or {}).values() if isinstance(p, dict)
+        ]
         for name in wanted:
             if not isinstance(name, str) or not _SHADER.match(name):
                 raise GlcompError(f"bundle manifest.json: shader name {name!r} is not a plain file name")
@@ -253,7 +298,9 @@ def read_bundle(directory: Path) -> Any:
         raise GlcompError(f"bundle weights.safetensors: missing {missing}, unexpected {extra}")
     for k, shape in expected.items():
         if tuple(weights[k].shape) != shape:
-            raise GlcompError(f"bundle weights.safetensors: {k!r} has shape {weights[k].shape}, expected {shape}")
+            raise GlcompError(
+                f"bundle weights.safetensors: {k!r} has shape {weights[k].shape}, expected {shape}"
+            )
         if not np.all(np.isfinite(weights[k])):
             raise GlcompError(f"bundle weights.safetensors: {k!r} holds NaN or infinite values")
     return Bundle(manifest, shaders, weights)

@@ -70,9 +70,7 @@ class Graph:
             raise GlcompError(f"{where}: {err}" if where else str(err)) from None
         node = self._next
         self._next += 1
-        self.g.add_node(
-            node, op=op, shape=shape, dtype=dtype, attrs=attrs, origin=current_origin()
-        )
+        self.g.add_node(node, op=op, shape=shape, dtype=dtype, attrs=attrs, origin=current_origin())
         for index, src in enumerate(operands):
             self.g.add_edge(src, node, index=index)
         return node

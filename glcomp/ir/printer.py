@@ -1,6 +1,6 @@
 """Text form of the IR, one node per line in the style of a jaxpr:
 
-    %7:f32[64,10] = add %5 %6            # 2 (Linear)
+%7:f32[64,10] = add %5 %6            # 2 (Linear)
 """
 
 from __future__ import annotations

@@ -24,11 +24,10 @@ def check_input_names(model: Module, shapes: dict[str, Any]) -> None:
     takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
     unknown = [n for n in shapes if n not in names and not takes_kwargs]
     if unknown:
-        raise GlcompError(
-            f"({type(model).__name__}): unknown input names {unknown}; forward() takes {names}"
-        )
+        raise GlcompError(f"({type(model).__name__}): unknown input names {unknown}; forward() takes {names}")
     required = [
-        n for n, p in params.items()
+        n
+        for n, p in params.items()
         if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     ]
     missing = [n for n in required if n not in shapes]

@@ -83,7 +83,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return out + bias if bias is not None else out
 
 
-def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0) -> Tensor:
+def conv2d(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0
+) -> Tensor:
     if x.ndim != 4:
         raise _fail(f"conv2d expects input of shape (N, C, H, W), got {x.shape}")
     out = prim("conv2d", x, weight, stride=_pair(stride), padding=_pair(padding))

@@ -189,7 +189,9 @@ class _BatchNorm(Module):
 
     ranks: tuple[int, ...] = ()
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True) -> None:
+    def __init__(
+        self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True
+    ) -> None:
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         if affine:
@@ -331,6 +333,3 @@ class MSELoss(_Loss):
 
     def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"shape": output_shape, "dtype": "float32"}
-
-
-

@@ -25,13 +25,15 @@ def create_context(backends: tuple[str | None, ...] = ("egl", None)) -> Any:
     try:
         import moderngl
     except ImportError as err:
-        raise GlcompError(f"moderngl is not installed ({err}); runtime('reference') works without it") from None
+        raise GlcompError(
+            f"moderngl is not installed ({err}); runtime('reference') works without it"
+        ) from None
     errors = []
     for backend in backends:
         try:
             kwargs = {"backend": backend} if backend else {}
             return moderngl.create_context(standalone=True, require=330, **kwargs)
-        except Exception as err:  # noqa: BLE001 - every failure is reported together below
+        except Exception as err:
             errors.append(f"{backend or 'default'}: {err}")
     raise GlcompError(
         "no OpenGL context could be created (tried " + "; ".join(errors) + "). "
@@ -103,7 +105,9 @@ def _compile_error(kernel: str, source: str, err: Exception) -> GlcompError:
         lines = source.splitlines()
         if 0 < n <= len(lines):
             line = f"\nGLSL line {n}: {lines[n - 1].strip()}"
-    return GlcompError(f"shader for kernel {kernel} failed to compile or link:\n{header}{line}\ndriver: {msg}")
+    return GlcompError(
+        f"shader for kernel {kernel} failed to compile or link:\n{header}{line}\ndriver: {msg}"
+    )
 
 
 class GLRuntime:
@@ -135,26 +139,32 @@ class GLRuntime:
             frag = bundle.shaders[p["fragment"]]
             try:
                 prog = self.ctx.program(vertex_shader=vert, fragment_shader=frag)
-            except Exception as err:  # noqa: BLE001 - moderngl raises its own Error type
+            except Exception as err:
                 raise _compile_error(kernel_of.get(pid, pid), frag, err) from None
             self.programs[pid] = prog
             self.vaos[pid] = self.ctx.vertex_array(prog, [(self._vbo, "2f", "a_position")])
         self._fbos: dict[tuple[int, ...], Any] = {}
-        for name, st in m["states"].items():
+        for name in m["states"]:
             self._upload_state(name, bundle.weights[name])
 
     # -- setup --------------------------------------------------------------------------------------
     def _check_limits(self) -> None:
         info = context_info(self.ctx)
-        need = max([t["width"] for t in self.manifest["textures"].values()]
-                   + [t["height"] for t in self.manifest["textures"].values()] + [1])
+        need = max(
+            [t["width"] for t in self.manifest["textures"].values()]
+            + [t["height"] for t in self.manifest["textures"].values()]
+            + [1]
+        )
         if info["max_texture_size"] and need > info["max_texture_size"]:
-            raise GlcompError(f"the bundle needs {need}-texel textures; {info['renderer']} allows "
-                              f"{info['max_texture_size']}")
+            raise GlcompError(
+                f"the bundle needs {need}-texel textures; {info['renderer']} allows "
+                f"{info['max_texture_size']}"
+            )
         outputs = max([p["outputs"] for p in self.manifest["programs"].values()] + [1])
         if info["max_draw_buffers"] and outputs > info["max_draw_buffers"]:
-            raise GlcompError(f"the bundle needs {outputs} draw buffers; {info['renderer']} has "
-                              f"{info['max_draw_buffers']}")
+            raise GlcompError(
+                f"the bundle needs {outputs} draw buffers; {info['renderer']} has {info['max_draw_buffers']}"
+            )
 
     def info(self) -> dict[str, Any]:
         return context_info(self.ctx)
@@ -293,8 +303,11 @@ class GLRuntime:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from glcomp.nn.module import check_state
 
-        shapes = {k: tuple(st["layout"]["shape"]) for k, st in self.manifest["states"].items()
-                  if st["role"] in ("param", "buffer")}
+        shapes = {
+            k: tuple(st["layout"]["shape"])
+            for k, st in self.manifest["states"].items()
+            if st["role"] in ("param", "buffer")
+        }
         shapes |= {k: () for k in self.counters}
         check_state(state, shapes, "runtime")
         for k in shapes:
@@ -305,8 +318,13 @@ class GLRuntime:
 
     def release(self) -> None:
         """Free every GL object this runtime created."""
-        for obj in [*self._fbos.values(), *self.vaos.values(), *self.programs.values(),
-                    *self.textures.values(), self._vbo]:
+        for obj in [
+            *self._fbos.values(),
+            *self.vaos.values(),
+            *self.programs.values(),
+            *self.textures.values(),
+            self._vbo,
+        ]:
             obj.release()
         self._fbos.clear()
         self.vaos.clear()

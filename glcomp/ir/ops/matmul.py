@@ -24,5 +24,15 @@ def _matmul_grad(g, out, a, b):
     return g @ b.T, a.T @ g
 
 
-register(Op("matmul", "matmul", matmul_shape, lambda a, b: a @ b, _matmul_grad, 2, sample=sample_matmul,
-            template="matmul"))
+register(
+    Op(
+        "matmul",
+        "matmul",
+        matmul_shape,
+        lambda a, b: a @ b,
+        _matmul_grad,
+        2,
+        sample=sample_matmul,
+        template="matmul",
+    )
+)

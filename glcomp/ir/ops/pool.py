@@ -71,8 +71,19 @@ def max_pool_grad_shape(x, g, kernel, stride, padding):
 
 
 register(
-    Op("max_pool2d", "pool", pool_shape, max_pool_ref, max_pool_grad, sample=sample_pool,
-       smooth=False, attrs=POOL_ATTRS, template="pool", glsl="max(acc, a)", glsl_init="-3.0e38")
+    Op(
+        "max_pool2d",
+        "pool",
+        pool_shape,
+        max_pool_ref,
+        max_pool_grad,
+        sample=sample_pool,
+        smooth=False,
+        attrs=POOL_ATTRS,
+        template="pool",
+        glsl="max(acc, a)",
+        glsl_init="-3.0e38",
+    )
 )
 register(
     Op(
@@ -122,9 +133,19 @@ def avg_pool_grad_grad(u, out, g, kernel, stride, padding, input_hw):
 
 
 register(
-    Op("avg_pool2d", "pool", pool_shape, avg_pool_ref, avg_pool_grad, sample=sample_pool,
-       attrs=POOL_ATTRS, template="pool", glsl="acc + a", glsl_init="0.0",
-       glsl_final="acc / float(KH * KW)")
+    Op(
+        "avg_pool2d",
+        "pool",
+        pool_shape,
+        avg_pool_ref,
+        avg_pool_grad,
+        sample=sample_pool,
+        attrs=POOL_ATTRS,
+        template="pool",
+        glsl="acc + a",
+        glsl_init="0.0",
+        glsl_final="acc / float(KH * KW)",
+    )
 )
 register(
     Op(
