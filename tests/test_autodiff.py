@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -18,7 +19,13 @@ from glcomp.ir.ops import REGISTRY
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, prim
 from glcomp.runtime.reference import evaluate
-from glcomp.testing import GradientMismatch, GraphCase, check_graph_gradients, random_graphs
+from glcomp.testing import (
+    GradientCheckError,
+    GraphCase,
+    check_gradients,
+    check_graph_gradients,
+    random_graphs,
+)
 
 rng = np.random.default_rng(1234)
 
@@ -34,8 +41,8 @@ def grads_of(g: Graph, loss: Tensor, wrt: list[str], feeds: dict[str, np.ndarray
     return {name: out[f"grad:{name}"] for name in wrt}
 
 
-# -- random composite graphs ----------------------------------------------------------------------------
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# -- random composite graphs -----------------------------------------------------------------------
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_graphs())
 def test_random_graph_gradients(case: GraphCase) -> None:
     reports = check_graph_gradients(case.graph, case.loss, case.wrt, case.feeds)
@@ -59,11 +66,11 @@ def test_checker_rejects_a_wrong_gradient_rule(monkeypatch: pytest.MonkeyPatch) 
     g, t = new_graph(p=((2, 3), "param"), w=((2, 3), "data"))
     g.outputs["loss"] = (t["p"].tanh() * t["w"]).sum().node
     feeds = {"p": rng.normal(size=(2, 3)), "w": rng.normal(size=(2, 3))}
-    with pytest.raises(GradientMismatch, match=r"'p'.*worst element p\[\d, \d\]"):
+    with pytest.raises(GradientCheckError, match=r"'p'.*worst element p\[\d, \d\]"):
         check_graph_gradients(g, "loss", ["p"], feeds)
 
 
-# -- fan-out ---------------------------------------------------------------------------------------------
+# -- fan-out ---------------------------------------------------------------------------------------
 def test_square_is_two_edges_and_gradient_doubles() -> None:
     g, t = new_graph(x=((3, 4), "param"), w=((3, 4), "data"))
     y = t["x"] * t["x"]
@@ -93,7 +100,7 @@ def test_fan_out_contributions_are_summed(
     np.testing.assert_allclose(got, derivative(x), rtol=1e-10, atol=1e-12)
 
 
-# -- un-broadcasting ---------------------------------------------------------------------------------------
+# -- un-broadcasting -------------------------------------------------------------------------------
 def test_bias_gradients_are_summed_over_broadcast_axes() -> None:
     g, t = new_graph(
         x=((6, 3), "data"),
@@ -125,7 +132,7 @@ def test_outer_broadcast_of_both_operands() -> None:
     np.testing.assert_allclose(grads["b"], (feeds["a"] * feeds["w"]).sum(0, keepdims=True), rtol=1e-12)
 
 
-# -- only the needed backward work ----------------------------------------------------------------------------
+# -- only the needed backward work -----------------------------------------------------------------
 def backward_matmuls(graph: Graph) -> int:
     return sum(1 for n in graph.nodes() if graph.op(n) == "matmul" and "[grad]" in graph.node(n)["origin"])
 
@@ -188,7 +195,7 @@ def test_max_pool_has_no_second_derivative() -> None:
         autodiff(first, "loss2", ["x"])
 
 
-# -- second order -----------------------------------------------------------------------------------------------
+# -- second order ----------------------------------------------------------------------------------
 def tanh_fn(t: dict[str, Tensor]) -> Tensor:
     return t["a"].tanh()
 
@@ -251,3 +258,59 @@ def test_second_order_tanh_closed_form() -> None:
     second = evaluate(autodiff(first, "loss2", ["a"]), {"a": a, "w": w}, np.float64)["grad:a"]
     th = np.tanh(a)
     np.testing.assert_allclose(second, w * (-2 * th * (1 - th**2)), rtol=1e-10)
+
+
+# -- whole models through glcomp.testing.check_gradients -----------------------------------------------
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, stride=2, padding=1)
+        self.pool = nn.AvgPool2d(2, stride=1)
+        self.bn = nn.BatchNorm1d(12)
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, x: Any) -> Any:
+        h = self.pool(self.conv(x).sigmoid()).flatten(1)
+        return self.fc(self.bn(h).tanh())
+
+
+class Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, batch_first=True)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: Any) -> Any:
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1])
+
+
+def test_check_gradients_on_models() -> None:
+    glcomp.manual_seed(0)
+    data = np.random.default_rng(3)
+    model = ConvNet()
+    model.fc.bias.requires_grad = False
+    reports = check_gradients(
+        model, {"x": data.normal(size=(3, 2, 5, 5))}, np.array([0, 3, 1]), nn.CrossEntropyLoss()
+    )
+    assert sorted(reports) == sorted(k for k, p in model.named_parameters() if p.requires_grad)
+    assert "fc.bias" not in reports
+    assert reports["conv.weight"].checked == 2 * 3 * 3 * 3
+    reports = check_gradients(
+        Recurrent(),
+        {"x": data.normal(size=(2, 3, 3))},
+        data.normal(size=(2, 2)),
+        nn.MSELoss(),
+        max_elements=10,
+    )
+    assert reports["lstm.weight_hh_l0"].checked == 10
+
+
+def test_check_gradients_names_the_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
+    wrong = dataclasses.replace(REGISTRY["sigmoid"], grad=lambda g, out, a: (g * out,))
+    monkeypatch.setitem(REGISTRY, "sigmoid", wrong)
+    glcomp.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Sigmoid(), nn.Linear(4, 2))
+    x, y = np.random.default_rng(0).normal(size=(5, 3)), np.random.default_rng(1).normal(size=(5, 2))
+    with pytest.raises(GradientCheckError, match=r"w\.r\.t\. '0\.weight'.*worst element 0\.weight\[\d, \d\]"):
+        check_gradients(model, {"x": x}, y, nn.MSELoss())

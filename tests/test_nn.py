@@ -36,7 +36,7 @@ class Net(nn.Module):
         return self.head(self.block(x)) * self.scale
 
 
-# -- names and traversal ---------------------------------------------------------------------------------------
+# -- names and traversal ---------------------------------------------------------------------------
 def test_sequential_state_dict_names() -> None:
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     state = model.state_dict()
@@ -60,7 +60,15 @@ def test_nested_module_names() -> None:
         "block.bn.num_batches_tracked",
         "head.1.weight",
     ]
-    assert [name for name, _ in net.named_modules()] == ["", "block", "block.conv", "block.bn", "head", "head.0", "head.1"]
+    assert [name for name, _ in net.named_modules()] == [
+        "",
+        "block",
+        "block.conv",
+        "block.bn",
+        "head",
+        "head.0",
+        "head.1",
+    ]
     assert net.state_dict()["block.bn.num_batches_tracked"].dtype == np.int64
 
 
@@ -102,7 +110,7 @@ def test_train_eval_modes_propagate() -> None:
     assert all(m.training for m in net.modules())
 
 
-# -- initialisation ---------------------------------------------------------------------------------------------
+# -- initialisation --------------------------------------------------------------------------------
 def assert_uniform(values: np.ndarray, bound: float, what: str) -> None:
     assert values.dtype == np.float32
     assert np.all(np.abs(values) <= bound), f"{what} exceeds +-{bound}"
@@ -157,7 +165,7 @@ def test_manual_seed_reproducibility() -> None:
     assert not np.array_equal(first[0]["block.conv.weight"], other["block.conv.weight"])
 
 
-# -- symbolic tensor operations against numpy ---------------------------------------------------------------------
+# -- symbolic tensor operations against numpy ------------------------------------------------------
 class Fn1(nn.Module):
     def __init__(self, fn: Callable[..., Any]) -> None:
         super().__init__()
@@ -238,8 +246,18 @@ BINARY_CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], Callable[..., An
     "batched matmul": ((2, 3, 4), (4, 5), lambda x, y: x @ y, lambda x, y: x @ y),
     "matrix@vector": ((3, 4), (4,), lambda x, y: x @ y, lambda x, y: x @ y),
     "vector@matrix": ((4,), (4, 5), lambda x, y: x @ y, lambda x, y: x @ y),
-    "cat dim 1": ((3, 4), (3, 2), lambda x, y: glcomp.cat([x, y], dim=1), lambda x, y: np.concatenate([x, y], 1)),
-    "cat dim -1": ((2, 1, 3), (2, 1, 1), lambda x, y: glcomp.cat([y, x, y], -1), lambda x, y: np.concatenate([y, x, y], -1)),
+    "cat dim 1": (
+        (3, 4),
+        (3, 2),
+        lambda x, y: glcomp.cat([x, y], dim=1),
+        lambda x, y: np.concatenate([x, y], 1),
+    ),
+    "cat dim -1": (
+        (2, 1, 3),
+        (2, 1, 1),
+        lambda x, y: glcomp.cat([y, x, y], -1),
+        lambda x, y: np.concatenate([y, x, y], -1),
+    ),
 }
 
 
@@ -272,7 +290,15 @@ def test_tensor_metadata_during_tracing() -> None:
         return x
 
     run(probe, np.zeros((2, 3, 5)))
-    assert seen == {"shape": (2, 3, 5), "ndim": 3, "dim": 3, "size": (2, 3, 5), "size1": 5, "numel": 30, "len": 2}
+    assert seen == {
+        "shape": (2, 3, 5),
+        "ndim": 3,
+        "dim": 3,
+        "size": (2, 3, 5),
+        "size1": 5,
+        "numel": 30,
+        "len": 2,
+    }
 
 
 def test_tuple_outputs_are_numbered() -> None:

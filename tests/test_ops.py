@@ -38,7 +38,7 @@ SETTINGS = settings(
 )
 
 
-# -- independent oracles -------------------------------------------------------------------------------
+# -- independent oracles ---------------------------------------------------------------------------
 def each(shape: tuple[int, ...]) -> Any:
     return itertools.product(*(range(s) for s in shape))
 
@@ -179,13 +179,20 @@ def o_conv2d_weight_grad(
 
 def pooled_shape(x_shape: tuple[int, ...], kernel: Any, stride: Any, padding: Any) -> tuple[int, ...]:
     n, c, hh, ww = x_shape
-    return (n, c, out_len(hh, kernel[0], stride[0], padding[0]), out_len(ww, kernel[1], stride[1], padding[1]))
+    return (
+        n,
+        c,
+        out_len(hh, kernel[0], stride[0], padding[0]),
+        out_len(ww, kernel[1], stride[1], padding[1]),
+    )
 
 
 def o_max_pool2d(x: np.ndarray, kernel: Any, stride: Any, padding: Any) -> np.ndarray:
     out = np.zeros(pooled_shape(x.shape, kernel, stride, padding))
     for b, ch, oh, ow in each(out.shape):  # padding never wins: it counts as -inf
-        out[b, ch, oh, ow] = max(x[b, ch, h, v] for _, _, h, v in window(oh, ow, kernel, stride, padding, x.shape[2:]))
+        out[b, ch, oh, ow] = max(
+            x[b, ch, h, v] for _, _, h, v in window(oh, ow, kernel, stride, padding, x.shape[2:])
+        )
     return out
 
 
@@ -251,13 +258,9 @@ ORACLES: dict[str, Callable[..., np.ndarray]] = {
     "avg_pool2d_grad": o_avg_pool2d_grad,
 }
 
+# Source ops (graph inputs, constants) compute nothing: every other op is covered below.
 KERNEL_OPS = sorted(n for n, op in REGISTRY.items() if op.kind != "source")
-OPS = [
-    pytest.param(n, marks=pytest.mark.skip(reason="source ops have no kernel and no sample hook"))
-    if REGISTRY[n].kind == "source"
-    else n
-    for n in sorted(REGISTRY)
-]
+OPS = KERNEL_OPS
 
 
 def min_gap(values: list[np.ndarray]) -> float:
@@ -266,7 +269,7 @@ def min_gap(values: list[np.ndarray]) -> float:
     return float(np.min(np.diff(flat))) if flat.size > 1 else math.inf
 
 
-# -- the property test ---------------------------------------------------------------------------------
+# -- the property test -----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", OPS)
 @SETTINGS
 @given(data=st.data())
@@ -302,7 +305,7 @@ def test_op(name: str, data: st.DataObject) -> None:
         assume(min_gap(list(case.inputs)) > 1e-4)
     weights = data.draw(arrays(case.reference().shape), label="weights")
     graph, feeds = op_loss_graph(case, weights)
-    check_graph_gradients(graph, "loss", [f"in{i}" for i in diff], feeds, max_elements=64, seed=0)
+    check_graph_gradients(graph, "loss", [f"in{i}" for i in diff], feeds, seed=0)
 
     # Inputs the rule declares not differentiable receive an exact zero gradient.
     rest = [f"in{i}" for i in range(len(case.inputs)) if i not in diff]
@@ -312,7 +315,7 @@ def test_op(name: str, data: st.DataObject) -> None:
             assert not np.any(grads[f"grad:{n}"]), n
 
 
-# -- meta-tests ------------------------------------------------------------------------------------------
+# -- meta-tests ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_registry_entry_complete(name: str) -> None:
     rule = REGISTRY[name]

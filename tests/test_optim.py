@@ -60,7 +60,9 @@ class NumpySGD:
 class NumpyAdam:
     """torch.optim.Adam (amsgrad off), as documented by torch."""
 
-    def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay=0.0):
+    def __init__(
+        self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay=0.0
+    ):
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.m: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}

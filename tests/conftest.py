@@ -1,0 +1,169 @@
+"""Shared fixtures for the GL tests: one OpenGL context for the whole session, GL runtimes that are
+released after use, and the small test models the GL, GLSL and bundle tests run.
+
+GL tests must not be skipped silently: when no context can be created (no Mesa EGL/llvmpipe),
+every test that asks for `gl_ctx` fails with a message saying what to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+import glcomp
+from glcomp import nn, optim
+from glcomp.errors import GlcompError
+
+DIALECTS = ("webgl2", "webgl1")
+
+
+# -- the shared GL context -------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def gl_ctx() -> Iterator[Any]:
+    """One headless moderngl context (Mesa llvmpipe in CI), shared by every GL test."""
+    from glcomp.runtime.gl import create_context
+
+    try:
+        ctx = create_context()
+    except GlcompError as err:
+        pytest.fail(
+            "GL tests need an OpenGL context and none could be created. Install Mesa's EGL and "
+            "llvmpipe (apt-get install libegl1 libgl1-mesa-dri) or run on a machine with a GPU "
+            f"driver; these tests fail rather than skip so CI never passes without GL.\n{err}",
+            pytrace=False,
+        )
+    yield ctx
+    ctx.release()
+
+
+@pytest.fixture(scope="session")
+def gl_runtime(gl_ctx: Any) -> Callable[..., contextlib.AbstractContextManager[Any]]:
+    """``with gl_runtime(prog) as rt:`` -> a GLRuntime on the shared context, released afterwards.
+
+    Accepts a Program (``prog.runtime("gl", ctx=...)``) or a Bundle (``GLRuntime(bundle, ctx=...)``).
+    Session-scoped so that Hypothesis tests may use it.
+    """
+    from glcomp.codegen.bundle import Bundle
+    from glcomp.runtime.gl import GLRuntime
+
+    @contextlib.contextmanager
+    def make(source: Any) -> Iterator[Any]:
+        if isinstance(source, Bundle):
+            runtime = GLRuntime(source, ctx=gl_ctx)
+        else:
+            runtime = source.runtime("gl", ctx=gl_ctx)
+        try:
+            yield runtime
+        finally:
+            runtime.release()
+
+    return make
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the GL context with the `gl` marker (``-m gl`` / ``-m 'not gl'``)."""
+    for item in items:
+        if "gl_ctx" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.gl)
+
+
+# -- the test models -------------------------------------------------------------------------------
+@dataclass
+class ModelCase:
+    """A tiny model with its input shapes, loss and a deterministic batch."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    inputs: dict[str, tuple[int, ...]]
+    loss: Callable[[], nn.Module]
+    classes: int | None  # class labels for CrossEntropyLoss, None for a float target
+    out_shape: tuple[int, ...]
+
+    def batch(self, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        rng = np.random.default_rng(seed)
+        feeds = {k: rng.normal(size=s).astype(np.float32) for k, s in self.inputs.items()}
+        if self.classes is not None:
+            y = rng.integers(0, self.classes, size=self.out_shape[:1])
+        else:
+            y = rng.normal(size=self.out_shape).astype(np.float32)
+        return feeds, y
+
+    def compile(
+        self, target: str, optimizer: optim.Optimizer | None = None, **limits: Any
+    ) -> glcomp.Program:
+        glcomp.manual_seed(7)
+        model = self.build()
+        return glcomp.compile(
+            model, inputs=self.inputs, loss=self.loss(), optimizer=optimizer, target=target, **limits
+        )
+
+
+class LastStep(nn.Module):
+    """LSTM(batch_first=True), the last time step's output, then a Linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, batch_first=True)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: Any) -> Any:
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+def _cnn() -> nn.Module:
+    # No conv bias before BatchNorm: its gradient is zero up to rounding noise, which Adam would
+    # amplify into lr-sized steps of random sign on either runtime.
+    return nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1, bias=False),
+        nn.BatchNorm2d(3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.AvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(3 * 2 * 2, 3),
+    )
+
+
+MODELS: dict[str, ModelCase] = {
+    case.name: case
+    for case in [
+        ModelCase(
+            "mlp",
+            lambda: nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3)),
+            {"x": (6, 5)},
+            nn.CrossEntropyLoss,
+            3,
+            (6, 3),
+        ),
+        ModelCase("cnn", _cnn, {"x": (4, 1, 8, 8)}, nn.CrossEntropyLoss, 3, (4, 3)),
+        ModelCase("lstm", LastStep, {"x": (4, 3, 3)}, nn.MSELoss, None, (4, 2)),
+        ModelCase(
+            "activations",
+            lambda: nn.Sequential(
+                nn.Linear(4, 6), nn.LeakyReLU(0.1), nn.Linear(6, 6), nn.Sigmoid(), nn.Linear(6, 2), nn.Tanh()
+            ),
+            {"x": (5, 4)},
+            nn.MSELoss,
+            None,
+            (5, 2),
+        ),
+    ]
+}
+
+
+@pytest.fixture(scope="session", params=sorted(MODELS))
+def model_case(request: pytest.FixtureRequest) -> ModelCase:
+    """Each of the test models in turn."""
+    return MODELS[request.param]
+
+
+@pytest.fixture(scope="session", params=DIALECTS)
+def dialect(request: pytest.FixtureRequest) -> str:
+    """Each GLSL dialect in turn: "webgl2" (GLSL ES 3.00) and "webgl1" (GLSL ES 1.00)."""
+    return request.param
