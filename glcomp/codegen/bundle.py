@@ -15,14 +15,16 @@ from typing import Any
 
 import numpy as np
 
+from glcomp.codegen.blend import BlendPlan, blend_accumulation
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.memplan import Pool, plan_memory
 from glcomp.codegen.mrt import mrt_fusion
-from glcomp.codegen.plan import plan_kernels
+from glcomp.codegen.plan import Kernel, plan_kernels
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.target import Target, make_target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
+from glcomp.ir.passes import transpose_pushdown
 from glcomp.ir.tensor import Tensor, unary
 from glcomp.program import ENTRY_POINTS, Program
 
@@ -72,7 +74,14 @@ PASSES = {
     "fusion": "fuse elementwise, movement and index ops into the kernels that read them",
     "mrt": "write results of consecutive kernels that share inputs from one draw call",
     "memplan": "reuse temporary textures by liveness",
+    "pushdown": "push transposes below matmuls and sums (IR rewrite)",
+    "blend": "accumulate sums of kernel results with additive blending (float-blend targets)",
 }
+
+
+# Measured on the test LSTM: pushing transposes down costs more draws than MRT fusion saves
+# there, so it is opt-in (it is what lets blending accumulate transposed weight gradients).
+OFF_BY_DEFAULT = {"pushdown"}
 
 
 def passes_of(program: Program) -> dict[str, bool]:
@@ -81,7 +90,7 @@ def passes_of(program: Program) -> dict[str, bool]:
     unknown = set(given) - set(PASSES)
     if unknown:
         raise GlcompError(f"unknown passes {sorted(unknown)}; known: {sorted(PASSES)}")
-    return {name: bool(given.get(name, True)) for name in PASSES}
+    return {name: bool(given.get(name, name not in OFF_BY_DEFAULT)) for name in PASSES}
 
 
 def target_of(program: Program) -> Target:
@@ -121,7 +130,7 @@ def build_bundle(program: Program) -> Bundle:
             entries[entry] = _lower_entry(
                 entry,
                 program,
-                _isolate_state_outputs(program.graphs[entry]),
+                program.graphs[entry],
                 target,
                 pool,
                 programs,
@@ -169,10 +178,14 @@ def _lower_entry(
     states: dict[str, Any],
 ) -> dict[str, Any]:
     size = target.max_texture_size
+    passes = passes_of(program)
+    # IR rewrites first; then a written-back state must not alias an input or another output.
+    if passes["pushdown"]:
+        graph = transpose_pushdown(graph)
+    graph = _isolate_state_outputs(graph)
     layouts: dict[int, Layout] = {n: layout_for(graph.shape(n), size) for n in graph.nodes()}
     pages = {n: lay.pages for n, lay in layouts.items()}
-    passes = passes_of(program)
-    kernels, stored = plan_kernels(graph, target, pages, fusion=passes.get("fusion", True))
+    kernels, stored = plan_kernels(graph, target, pages, fusion=passes["fusion"])
     hypers = {n: graph.attrs(n)["name"] for n in graph.inputs.values() if graph.attrs(n)["role"] == "hyper"}
     renderer = KernelRenderer(graph, layouts, target)
 
@@ -186,16 +199,23 @@ def _lower_entry(
     }
     readback = {k: n for k, n in graph.outputs.items() if k not in _state_outputs(graph)}
 
-    if passes.get("mrt", True):
+    if passes["mrt"]:
         kernels = mrt_fusion(kernels, graph, layouts, target, fixed=set(state_out))
 
-    steps = [(k.roots, k.leaves) for k in kernels]
+    blends = BlendPlan()
+    if passes["blend"] and target.float_blend:
+        kernels, blends = blend_accumulation(kernels, graph, layouts)
+
+    def written(k: Kernel) -> list[int]:
+        return [blends.into.get(r, r) for r in k.roots]
+
+    steps = [(written(k), k.leaves) for k in kernels]
     temp_sizes = {
         n: [(layouts[n].width, layouts[n].height)] * layouts[n].pages
         for n in stored
         if n not in state_in and n not in state_out and n not in hypers
     }
-    reuse = passes.get("memplan", True)
+    reuse = passes["memplan"]
     temps = plan_memory(steps, temp_sizes, set(readback.values()), pool, reuse)
 
     def ref(n: int, page: int) -> Any:
@@ -229,7 +249,8 @@ def _lower_entry(
                     "samplers": {s: ref(n, p) for s, n, p in rendered.samplers},
                     "uniforms": {u: {"hyper": h} for u, h in rendered.uniforms},
                     "page_offset": page * out.page_texels,
-                    "targets": [ref(r, page) for r in kernel.roots],
+                    "targets": [ref(r, page) for r in written(kernel)],
+                    "blend": kernel.name in blends.blend,
                     "viewport": [out.width, out.height],
                 }
             )

@@ -38,7 +38,7 @@ def write_bundle(bundle: Any, directory: Path) -> Path:
         (shader_dir / name).write_text(source)
     (directory / "manifest.json").write_text(json.dumps(bundle.manifest, indent=1, sort_keys=True))
     save_file(
-        {k: np.ascontiguousarray(v) for k, v in bundle.weights.items()},
+        {k: np.ascontiguousarray(v).reshape(np.shape(v)) for k, v in bundle.weights.items()},  # keeps 0-d
         str(directory / "weights.safetensors"),
     )
     return directory
@@ -177,9 +177,13 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
             )
         c.int(prog.get("outputs"), f"programs.{pid}.outputs", 1, 16)
 
+    state_textures = {t for st in states.values() for group in st["textures"] for t in group}
+
     def check_ref(ref: Any, field: str) -> tuple[int, int]:
         if isinstance(ref, str):
             c.need(ref in textures, f"{field} refers to unknown texture {ref!r}")
+            # Which set of a state is current flips every update: only a state reference says.
+            c.need(ref not in state_textures, f"{field} names state texture {ref!r} directly")
             return textures[ref]["width"], textures[ref]["height"]
         ref = c.dict(ref, field)
         c.need(ref.get("state") in states, f"{field} refers to unknown state {ref.get('state')!r}")
@@ -198,8 +202,11 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
                 isinstance(refs, list) and len(refs) == m["inputs"][name]["layout"]["pages"],
                 f"entries.{entry}.inputs.{name}: one texture per page expected",
             )
+            lay = m["inputs"][name]["layout"]
             for r in refs:
-                check_ref(r, f"entries.{entry}.inputs.{name}")
+                size = check_ref(r, f"entries.{entry}.inputs.{name}")
+                want = (lay["width"], lay["height"])
+                c.need(size == want, f"entries.{entry}.inputs.{name}: a texture's size is not {want}")
         for name, out in c.dict(e.get("outputs"), f"entries.{entry}.outputs").items():
             c.name(name.replace(":", "_"), f"entries.{entry}.outputs")
             out = c.dict(out, f"entries.{entry}.outputs.{name}")
@@ -209,7 +216,9 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
                 f"entries.{entry}.outputs.{name}: one texture per page expected",
             )
             for r in out["textures"]:
-                check_ref(r, f"entries.{entry}.outputs.{name}")
+                size = check_ref(r, f"entries.{entry}.outputs.{name}")
+                want = (lay["width"], lay["height"])
+                c.need(size == want, f"entries.{entry}.outputs.{name}: a texture's size is not {want}")
         for name in e.get("updates", []):
             c.need(name in states, f"entries.{entry}.updates: unknown state {name!r}")
         draws = e.get("draws")
@@ -279,6 +288,8 @@ def read_bundle(directory: Path) -> Any:
         for name in wanted:
             if not isinstance(name, str) or not _SHADER.match(name):
                 raise GlcompError(f"bundle manifest.json: shader name {name!r} is not a plain file name")
+            if (directory / "shaders" / name).is_symlink():
+                raise GlcompError(f"bundle manifest.json: shader {name!r} is a symbolic link")
             path = (directory / "shaders" / name).resolve()
             if directory.resolve() not in path.parents:
                 raise GlcompError(f"bundle manifest.json: shader {name!r} lies outside the bundle")

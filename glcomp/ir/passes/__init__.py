@@ -1,5 +1,6 @@
 """Graph-to-graph passes; each module exports one pure function of the same name."""
 
 from glcomp.ir.passes.autodiff import autodiff
+from glcomp.ir.passes.transpose_pushdown import transpose_pushdown
 
-__all__ = ["autodiff"]
+__all__ = ["autodiff", "transpose_pushdown"]

@@ -1,0 +1,70 @@
+"""Blend accumulation: sums of kernel results are added by the blender, not by a kernel.
+
+A stored value that is a tree of `add`s over results of loop kernels (a weight gradient summed
+over LSTM time steps, say) needs every term in a texture of its own and one more draw to add
+them up. Where the target can blend float render targets, each term's kernel instead renders
+straight into the sum's texture: the first with blending off (it overwrites), the rest with
+additive blending (ONE, ONE). The terms' textures and the summing draw disappear.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from glcomp.codegen.layout import Layout
+from glcomp.codegen.plan import Kernel
+from glcomp.ir.graph import Graph
+
+
+@dataclass
+class BlendPlan:
+    """`into[root] = sum` sends a term kernel's output to the sum's texture; `blend` names the
+    kernels that add into it (every term but the first)."""
+
+    into: dict[int, int] = field(default_factory=dict)
+    blend: set[str] = field(default_factory=set)
+
+
+def blend_accumulation(
+    kernels: list[Kernel], graph: Graph, layouts: dict[int, Layout]
+) -> tuple[list[Kernel], BlendPlan]:
+    """Replace add-tree kernels by blended writes of their terms.
+
+    Guarantees: a sum is rewritten only when each term is the single result of a loop kernel
+    (not an MRT group), is read by nothing but the add tree (exactly once), is not an output,
+    and has exactly the sum's layout (one page); the term kernels keep their order, so the sum
+    is complete before its first reader runs.
+    """
+    plan = BlendPlan()
+    by_root = {k.roots[0]: k for k in kernels if len(k.roots) == 1}
+    outputs = set(graph.outputs.values())
+    drop: set[str] = set()
+    for k in kernels:
+        if k.template != "map" or len(k.roots) != 1:
+            continue
+        total = k.roots[0]
+        tree = [*k.body, total]
+        if any(graph.op(n) != "add" for n in tree) or len(k.leaves) < 2:
+            continue
+        uses = Counter(src for n in tree for src in graph.operands(n))
+        terms = [leaf for leaf in k.leaves]
+        ok = all(
+            t in by_root
+            and by_root[t].template != "map"
+            and uses[t] == 1
+            and graph.g.out_degree(t) == 1
+            and t not in outputs
+            and layouts[t] == layouts[total]
+            and layouts[t].pages == 1
+            for t in terms
+        )
+        if not ok or any(uses[n] != 1 for n in k.body):
+            continue
+        order = sorted(terms, key=lambda t: kernels.index(by_root[t]))
+        for i, t in enumerate(order):
+            plan.into[t] = total
+            if i:
+                plan.blend.add(by_root[t].name)
+        drop.add(k.name)
+    return [k for k in kernels if k.name not in drop], plan
