@@ -48,7 +48,7 @@ def blend_accumulation(
         if any(graph.op(n) != "add" for n in tree) or len(k.leaves) < 2:
             continue
         uses = Counter(src for n in tree for src in graph.operands(n))
-        terms = [leaf for leaf in k.leaves]
+        terms = list(k.leaves)
         ok = all(
             t in by_root
             and by_root[t].template != "map"
