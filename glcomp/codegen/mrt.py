@@ -1,6 +1,6 @@
 """MRT fusion: write several kernels' results from one draw call, one render target each.
 
-Kernels of one family that run back to back and read the same textures (the weight, input and
+Kernels that can run at the same point of the schedule and read the same textures (the weight, input and
 bias gradients of a layer; Adam's new parameter, first and second moments) are merged: the
 shader is rendered once with several roots. An elementwise root read by a later member is
 recomputed inline instead of sampled (it is being written in the same draw). All attachments of
@@ -14,6 +14,9 @@ from glcomp.codegen.plan import FUSIBLE, Kernel
 from glcomp.codegen.target import Target
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
+
+
+LOOKBACK = 8  # how many earlier draws a kernel may join
 
 
 def _fusible_root(graph: Graph, n: int) -> bool:
@@ -38,20 +41,32 @@ def mrt_fusion(
     results: otherwise merging saves nothing worth the larger shader.
     """
     out: list[Kernel] = []
+    producer: dict[int, int] = {}  # stored value -> index in `out` of the kernel writing it
     for k in kernels:
-        g = out[-1] if out else None
-        merged = _try_merge(g, k, graph, layouts, target, fixed) if g is not None else None
-        if merged is None:
+        # The earliest group k may join: after every kernel that produces what k reads.
+        ready = max((producer[leaf] for leaf in k.leaves if leaf in producer), default=-1)
+        placed = None
+        # A group at index `ready` produces some of k's inputs: _try_merge then recomputes them
+        # inline (elementwise roots only) or refuses.
+        lowest = max(ready, len(out) - LOOKBACK, 0)
+        for j in range(len(out) - 1, lowest - 1, -1):
+            merged = _try_merge(out[j], k, graph, layouts, target, fixed)
+            if merged is not None:
+                out[j] = merged
+                placed = j
+                break
+        if placed is None:
             out.append(k)
-        else:
-            out[-1] = merged
+            placed = len(out) - 1
+        for r in k.roots:
+            producer[r] = placed
     return out
 
 
 def _try_merge(
     g: Kernel, k: Kernel, graph: Graph, layouts: dict[int, Layout], target: Target, fixed: set[int]
 ) -> Kernel | None:
-    if g.template != k.template or len(g.roots) + len(k.roots) > target.max_draw_buffers:
+    if len(g.roots) + len(k.roots) > target.max_draw_buffers:
         return None
     roots = g.roots + k.roots
     if any(layouts[r].pages > 1 for r in roots):
@@ -83,4 +98,5 @@ def _try_merge(
     layouts.update(resized)
     body = sorted(set(g.body) | set(k.body) | set(reads_group))
     origins = sorted(set(g.origins) | set(k.origins))
-    return Kernel(f"{g.name}+{k.name.split('_', 1)[0]}", roots, body, leaves, g.template, origins)
+    template = g.template if g.template == k.template else "mixed"
+    return Kernel(f"{g.name}+{k.name.split('_', 1)[0]}", roots, body, leaves, template, origins)

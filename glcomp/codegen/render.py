@@ -26,6 +26,12 @@ from glcomp.ir.ops import get_op
 FUSED_ROOT = ("elementwise", "movement", "index", "source")
 
 
+def root_template(graph: Graph, n: int) -> str:
+    """The family template whose `root` macro computes node `n` as a render target."""
+    rule = get_op(graph.op(n))
+    return "map" if rule.kind in FUSED_ROOT else str(rule.template)
+
+
 def templates_dir() -> Path:
     """The template folder: `templates/` in a source checkout, `glcomp/templates` in a wheel."""
     here = Path(__file__).resolve().parent.parent
@@ -315,11 +321,11 @@ class KernelRenderer:
             "uniforms": [u for u, _ in uniforms],
             "fetches": fetches,
             "functions": functions,
-            "roots": [self.root(n) for n in kernel.roots],
+            "roots": [self.root(n) | {"template": root_template(g, n)} for n in kernel.roots],
             "max_loop": t.max_loop_iterations,
             "width": self.layouts[kernel.roots[0]].width,
         }
-        source = environment().get_template(f"{kernel.template}.frag.j2").render(context)
+        source = environment().get_template("_kernel.j2").render(context)
         return Rendered(source, samplers, uniforms)
 
 
