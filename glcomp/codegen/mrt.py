@@ -15,7 +15,6 @@ from glcomp.codegen.target import Target
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
 
-
 LOOKBACK = 8  # how many earlier draws a kernel may join
 
 
