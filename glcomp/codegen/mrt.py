@@ -9,6 +9,8 @@ a framebuffer must have one size (WebGL 2), so the group's values get a common f
 
 from __future__ import annotations
 
+import math
+
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.plan import FUSIBLE, Kernel
 from glcomp.codegen.target import Target
@@ -62,6 +64,45 @@ def mrt_fusion(
     return out
 
 
+# Cost model, in element-operations: one draw call costs about as much as this much shader work
+# (state changes, a framebuffer bind, a pipeline flush on tilers).
+DRAW_COST = 20_000
+
+
+def root_cost(graph: Graph, n: int) -> int:
+    """Shader work per output element of root `n`: its loop length (1 for elementwise roots)."""
+    op = graph.op(n)
+    ins = [graph.shape(i) for i in graph.operands(n)]
+    attrs = graph.attrs(n)
+    if op == "matmul":
+        return ins[0][1]
+    if op == "conv2d":
+        return ins[1][1] * ins[1][2] * ins[1][3]
+    if op == "conv2d_input_grad":
+        return ins[1][0] * ins[1][2] * ins[1][3]
+    if op == "conv2d_weight_grad":
+        return ins[1][0] * ins[1][2] * ins[1][3]
+    if get_op(op).kind == "reduce":
+        return max(1, math.prod(ins[0][a] for a in attrs["axes"]))
+    if get_op(op).kind == "pool":
+        return math.prod(attrs["kernel"]) * (math.prod(attrs["kernel"]) if op.endswith("grad") else 1)
+    return 1
+
+
+def _pays(
+    graph: Graph, layouts: dict[int, Layout], a: list[int], b: list[int], footprint: int, target: Target
+) -> bool:
+    """Merging saves a draw; it costs the work of each root over texels it would not cover alone
+    (WebGL 1 computes every root on every texel of the shared footprint; WebGL 2 skips texels
+    past a root's data, but the larger footprint still runs)."""
+    separate = sum(layouts[r].texels * 4 * root_cost(graph, r) for r in a + b)
+    if target.webgl1:
+        merged = footprint * 4 * sum(root_cost(graph, r) for r in a + b)
+    else:
+        merged = separate + footprint * 4 * len(a + b)
+    return merged <= separate + DRAW_COST
+
+
 def _try_merge(
     g: Kernel, k: Kernel, graph: Graph, layouts: dict[int, Layout], target: Target, fixed: set[int]
 ) -> Kernel | None:
@@ -82,6 +123,8 @@ def _try_merge(
         return None
     width = max(layouts[r].width for r in roots)
     height = max(layouts[r].height for r in roots)
+    if not _pays(graph, layouts, g.roots, k.roots, width * height, target):
+        return None
     if any((layouts[r].width, layouts[r].height) != (width, height) for r in roots if r in fixed):
         return None
     resized = {}

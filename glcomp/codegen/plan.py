@@ -47,6 +47,24 @@ def _readers_through_views(graph: Graph, n: int, memo: dict[int, int]) -> int:
     return count
 
 
+CHEAP_OPS = 2  # fused ops a matmul/conv operand may recompute per read
+_COSTLY = {"exp", "log", "tanh", "sigmoid", "sqrt", "div"}
+
+
+def _recompute_cost(graph: Graph, n: int, stored: set[int]) -> int:
+    """Roughly how many ops recomputing fused node `n` costs (transcendentals count double)."""
+    cost, seen, stack = 0, set(), [n]
+    while stack:
+        m = stack.pop()
+        if m in seen or m in stored or graph.op(m) in ("const", "input"):
+            continue
+        seen.add(m)
+        if get_op(graph.op(m)).kind != "movement":
+            cost += 2 if graph.op(m) in _COSTLY else 1
+        stack.extend(graph.operands(m))
+    return cost
+
+
 def materialized(graph: Graph, fusion: bool = True) -> set[int]:
     """The nodes whose values are stored in textures: inputs, outputs, loop-kernel results and
     computed values read more than once. Constants and views of stored values never are.
@@ -68,6 +86,15 @@ def materialized(graph: Graph, fusion: bool = True) -> set[int]:
             stored.add(n)
         elif kind in ("elementwise", "index") and _readers_through_views(graph, n, memo) > 1:
             stored.add(n)
+    # A matmul or convolution reads each operand element many times; a fused operand would be
+    # recomputed at every read, so store operands that are more than a cheap op or two.
+    for n in graph.topo():
+        if get_op(graph.op(n)).kind in ("matmul", "conv"):
+            for src in graph.operands(n):
+                while get_op(graph.op(src)).kind == "movement" and src not in stored:
+                    (src,) = graph.operands(src)[:1]
+                if src not in stored and _recompute_cost(graph, src, stored) > CHEAP_OPS:
+                    stored.add(src)
     return stored
 
 

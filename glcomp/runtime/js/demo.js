@@ -1,0 +1,293 @@
+// The demo page: load a bundle and data.safetensors (x_train, y_train, x_test, y_test) from beside
+// it, train with the browser runtime, draw the loss live, report test accuracy, offer the weights.
+// Query parameters: bundle (default "bundle/"), data, epochs, lr, seed, autostart=1.
+import { GlcompError, Runtime, nextTask, parseSafetensors } from "./glcomp.js";
+
+const params = new URLSearchParams(location.search);
+const bundleUrl = params.get("bundle") || "bundle/";
+const dataUrl = params.get("data") || new URL("data.safetensors", new URL(bundleUrl, location.href)).href;
+const $ = (id) => document.getElementById(id);
+
+// What a test (or a curious user) can read: window.glcompDemo.
+const demo = {
+  status: "loading", // loading | ready | training | done | error
+  losses: [],
+  accuracies: [], // per epoch, on the test set
+  accuracy: null,
+  metric: "accuracy",
+  msPerStep: null, // training time per step, the first step (shader compilation) excluded
+  firstStepMs: null,
+  steps: 0,
+  error: null,
+  info: null,
+};
+window.glcompDemo = demo;
+
+function fail(err) {
+  demo.status = "error";
+  demo.error = String(err && err.message ? err.message : err);
+  $("error").hidden = false;
+  $("error").textContent = `${err && err.name === "GlcompError" ? "" : "error: "}${demo.error}`;
+  $("start").disabled = true;
+  $("stop").disabled = true;
+}
+
+const prod = (a) => a.reduce((x, y) => x * y, 1);
+
+// A small seeded PRNG (mulberry32) so a run is repeatable.
+function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function shuffled(n, random) {
+  const idx = Array.from({ length: n }, (_, i) => i);
+  for (let i = n - 1; i > 0; i--) {
+    const j = Math.floor(random() * (i + 1));
+    [idx[i], idx[j]] = [idx[j], idx[i]];
+  }
+  return idx;
+}
+
+async function loadData(manifest) {
+  let res;
+  try {
+    res = await fetch(dataUrl);
+  } catch (err) {
+    throw new GlcompError(`could not fetch ${dataUrl} (${err.message})`);
+  }
+  if (!res.ok) {
+    throw new GlcompError(`no training data at ${dataUrl} (HTTP ${res.status}); write one beside the bundle with `
+      + "glcomp.serve.export_data(dir, x_train, y_train, x_test, y_test)");
+  }
+  const t = parseSafetensors(await res.arrayBuffer(), "data.safetensors");
+  for (const k of ["x_train", "y_train", "x_test", "y_test"]) {
+    if (!t[k]) throw new GlcompError(`data.safetensors has no ${k}`);
+  }
+  const entries = manifest.entries;
+  if (!entries.train_step) throw new GlcompError("the bundle has no train_step: compile it with a loss and an optimizer");
+  const xNames = Object.keys(entries.predict.inputs);
+  const yNames = Object.keys(entries.train_step.inputs).filter((k) => !xNames.includes(k));
+  if (xNames.length !== 1 || yNames.length !== 1) {
+    throw new GlcompError(`the demo trains models with one input and one target; this one has ${xNames} and ${yNames}`);
+  }
+  const xSpec = manifest.inputs[xNames[0]];
+  const ySpec = manifest.inputs[yNames[0]];
+  const batch = xSpec.shape[0];
+  const xSize = prod(xSpec.shape.slice(1));
+  const ySize = prod(ySpec.shape.slice(1));
+  const sets = {};
+  for (const split of ["train", "test"]) {
+    const x = t[`x_${split}`];
+    const y = t[`y_${split}`];
+    const n = x.shape[0];
+    if (prod(x.shape.slice(1)) !== xSize || y.shape[0] !== n || prod(y.shape.slice(1)) !== ySize) {
+      throw new GlcompError(`data.safetensors: x_${split} ${JSON.stringify(x.shape)} / y_${split} `
+        + `${JSON.stringify(y.shape)} do not fit the model's inputs ${JSON.stringify(xSpec.shape)} / ${JSON.stringify(ySpec.shape)}`);
+    }
+    sets[split] = { n, x: Float32Array.from(x.data, Number), y: Float64Array.from(y.data, Number) };
+  }
+  if (sets.train.n < batch) throw new GlcompError(`only ${sets.train.n} training samples for batches of ${batch}`);
+  return { ...sets, xName: xNames[0], yName: yNames[0], batch, xSize, ySize, classes: ySpec.num_classes };
+}
+
+function makeBatch(data, set, indices) {
+  const { batch, xSize, ySize, classes } = data;
+  const x = new Float32Array(batch * xSize);
+  const y = classes ? new Int32Array(batch * ySize) : new Float32Array(batch * ySize);
+  indices.forEach((s, i) => {
+    x.set(set.x.subarray(s * xSize, (s + 1) * xSize), i * xSize);
+    for (let j = 0; j < ySize; j++) y[i * ySize + j] = set.y[s * ySize + j];
+  });
+  return { [data.xName]: x, [data.yName]: y };
+}
+
+/** Test accuracy (classification) or mean squared error, in batches of the compiled size. */
+async function evaluate(rt, data) {
+  const { batch, test } = data;
+  let good = 0;
+  let sq = 0;
+  for (let start = 0; start < test.n; start += batch) {
+    const idx = [];
+    for (let i = start; i < Math.min(start + batch, test.n); i++) idx.push(i);
+    const real = idx.length;
+    while (idx.length < batch) idx.push(idx[0]); // pad the last batch; padded rows are ignored
+    const feeds = makeBatch(data, test, idx);
+    delete feeds[data.yName];
+    const out = await rt.predict(feeds);
+    const width = out.data.length / batch;
+    for (let i = 0; i < real; i++) {
+      const row = out.data.subarray(i * width, (i + 1) * width);
+      if (data.classes) {
+        let best = 0;
+        for (let c = 1; c < width; c++) if (row[c] > row[best]) best = c;
+        if (best === test.y[idx[i]]) good++;
+      } else {
+        for (let c = 0; c < width; c++) sq += (row[c] - test.y[idx[i] * width + c]) ** 2;
+      }
+    }
+  }
+  return data.classes ? good / test.n : sq / (test.n * data.ySize);
+}
+
+function drawChart(losses, accuracies, epochsPlanned, stepsPerEpoch) {
+  const canvas = $("chart");
+  const ctx = canvas.getContext("2d");
+  const w = canvas.width;
+  const h = canvas.height;
+  const pad = { l: 48, r: 44, t: 12, b: 28 };
+  ctx.clearRect(0, 0, w, h);
+  ctx.font = "12px system-ui, sans-serif";
+  ctx.fillStyle = "#666";
+  ctx.strokeStyle = "#ddd";
+  ctx.lineWidth = 1;
+  const total = Math.max(epochsPlanned * stepsPerEpoch, losses.length, 2);
+  const finite = losses.filter(Number.isFinite);
+  const top = finite.length ? Math.max(...finite) * 1.05 : 1;
+  const x = (i) => pad.l + (i / (total - 1)) * (w - pad.l - pad.r);
+  const y = (v) => h - pad.b - (Math.min(v, top) / top) * (h - pad.t - pad.b);
+  for (let k = 0; k <= 4; k++) {
+    const v = (top * k) / 4;
+    ctx.beginPath();
+    ctx.moveTo(pad.l, y(v));
+    ctx.lineTo(w - pad.r, y(v));
+    ctx.stroke();
+    ctx.fillText(v.toFixed(2), 4, y(v) + 4);
+  }
+  ctx.fillText("epoch", pad.l, h - 8);
+  for (let e = 1; e < epochsPlanned; e++) {
+    ctx.fillText(`${e}`, x(e * stepsPerEpoch) - 3, h - 8);
+  }
+  const yAcc = (a) => h - pad.b - a * (h - pad.t - pad.b);
+  if (accuracies.length) {
+    ctx.fillStyle = "rgb(0, 140, 70)";
+    for (const a of [0, 0.5, 1]) ctx.fillText(`${100 * a}%`, w - pad.r + 6, yAcc(a) + 4);
+  }
+  ctx.fillStyle = "rgb(30, 100, 200)";
+  ctx.fillText("loss", pad.l + 50, h - 8);
+  if (accuracies.length) {
+    ctx.fillStyle = "rgb(0, 140, 70)";
+    ctx.fillText("● test accuracy (right axis)", pad.l + 90, h - 8);
+  }
+  ctx.strokeStyle = "rgba(30, 100, 200, 0.35)";
+  ctx.beginPath();
+  losses.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+  ctx.stroke();
+  // an exponential moving average on top of the raw losses
+  ctx.strokeStyle = "rgb(30, 100, 200)";
+  ctx.lineWidth = 2;
+  ctx.beginPath();
+  let ema = losses[0];
+  losses.forEach((v, i) => {
+    ema = 0.9 * ema + 0.1 * v;
+    if (i) ctx.lineTo(x(i), y(ema));
+    else ctx.moveTo(x(i), y(ema));
+  });
+  ctx.stroke();
+  ctx.fillStyle = "rgb(0, 140, 70)";
+  accuracies.forEach((a, e) => {
+    ctx.beginPath();
+    ctx.arc(x((e + 1) * stepsPerEpoch - 1), yAcc(a), 3.5, 0, 2 * Math.PI);
+    ctx.fill();
+  });
+}
+
+async function main() {
+  const rt = await Runtime.load(bundleUrl, { quiet: true });
+  demo.info = rt.info();
+  $("info").textContent = `WebGL ${demo.info.webgl} on ${demo.info.renderer}`;
+  if (demo.info.warnings.length) {
+    $("warning").hidden = false;
+    $("warning").textContent = demo.info.warnings.join(" ");
+  }
+  const data = await loadData(rt.manifest);
+  demo.metric = data.classes ? "accuracy" : "mse";
+  const stepsPerEpoch = Math.floor(data.train.n / data.batch);
+  $("lr").value = params.get("lr") || String(rt.hyper.lr);
+  if (params.get("epochs")) $("epochs").value = params.get("epochs");
+  $("info").textContent += ` · ${data.train.n} training and ${data.test.n} test samples, batches of ${data.batch}`;
+  drawChart([], [], Number($("epochs").value), stepsPerEpoch);
+  let stopRequested = false;
+  let trained = false;
+
+  const run = async () => {
+    const epochs = Math.max(1, Math.floor(Number($("epochs").value)));
+    const lr = Number($("lr").value);
+    if (Number.isFinite(lr) && lr > 0) rt.setLr(lr);
+    demo.status = "training";
+    demo.losses = [];
+    demo.accuracies = [];
+    stopRequested = false;
+    $("start").disabled = true;
+    $("stop").disabled = false;
+    const seed = Number(params.get("seed") || 0);
+    let lastDraw = 0;
+    let trainMs = 0;
+    let stepStart = performance.now();
+    for (let epoch = 0; epoch < epochs && !stopRequested; epoch++) {
+      const order = shuffled(data.train.n, rng(seed * 1000 + epoch + 1));
+      await rt.train({
+        steps: stepsPerEpoch,
+        batches: (i) => makeBatch(data, data.train, order.slice(i * data.batch, (i + 1) * data.batch)),
+        onStep: (_, loss) => {
+          demo.losses.push(loss);
+          demo.steps = demo.losses.length;
+          const now = performance.now();
+          if (demo.steps === 1) demo.firstStepMs = now - stepStart;
+          else trainMs += now - stepStart;
+          stepStart = now;
+          if (demo.steps > 1) demo.msPerStep = trainMs / (demo.steps - 1);
+          if (now - lastDraw > 50) {
+            lastDraw = now;
+            drawChart(demo.losses, demo.accuracies, epochs, stepsPerEpoch);
+            $("stats").textContent = `epoch ${epoch + 1}/${epochs} · step ${demo.steps} · loss ${loss.toFixed(4)}`
+              + (demo.msPerStep ? ` · ${demo.msPerStep.toFixed(1)} ms/step` : "");
+          }
+          return !stopRequested;
+        },
+      });
+      const score = await evaluate(rt, data);
+      stepStart = performance.now();
+      demo.accuracies.push(score);
+      demo.accuracy = score;
+      $("accuracy").textContent = data.classes ? `test accuracy after epoch ${epoch + 1}: ${(100 * score).toFixed(1)}%`
+        : `test MSE after epoch ${epoch + 1}: ${score.toPrecision(4)}`;
+      await nextTask();
+    }
+    drawChart(demo.losses, data.classes ? demo.accuracies : [], epochs, stepsPerEpoch);
+    const last = demo.losses[demo.losses.length - 1];
+    $("stats").textContent = `${demo.steps} steps · final loss ${last === undefined ? "-" : last.toFixed(4)}`
+      + (demo.msPerStep ? ` · ${demo.msPerStep.toFixed(1)} ms/step` : "")
+      + (demo.firstStepMs ? ` (the first step took ${Math.round(demo.firstStepMs)} ms: shader compilation)` : "");
+    trained = true;
+    demo.status = "done";
+    $("start").disabled = false;
+    $("stop").disabled = true;
+    $("download").disabled = false;
+  };
+
+  $("start").onclick = () => run().catch(fail);
+  $("stop").onclick = () => { stopRequested = true; };
+  $("download").onclick = () => {
+    if (!trained) return;
+    const blob = new Blob([rt.exportSafetensors()], { type: "application/octet-stream" });
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = "weights.safetensors";
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+  };
+  demo.status = "ready";
+  $("start").disabled = false;
+  if (params.get("autostart") === "1") await run();
+}
+
+main().catch(fail);

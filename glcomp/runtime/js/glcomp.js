@@ -1,0 +1,1311 @@
+// glcomp browser runtime: loads a glcomp bundle (manifest.json, shaders/, weights.safetensors),
+// validates it as strictly as glcomp/codegen/schema.py and runs its entry points with WebGL
+// exactly like glcomp/runtime/gl.py does with moderngl. No dependencies; an ES module.
+//
+//   import { Runtime } from "./glcomp.js";
+//   const rt = await Runtime.load("bundle/");           // or {"manifest.json": File, ...}
+//   const loss = await rt.trainStep({ x: Float32Array, y: Int32Array });
+//   const out = await rt.predict({ x });                 // {shape, dtype, data}
+//   rt.dispose();
+
+export const FORMAT = "glcomp-bundle";
+export const VERSIONS = [1];
+export const MAX_SIDE = 1 << 16;
+const NAME_RE = /^[A-Za-z0-9_.#-]{1,200}$/;
+const SHADER_RE = /^[A-Za-z0-9_]{1,64}\.(frag|vert)$/;
+const UNIFORM_RE = /^[a-z][a-z0-9_]{0,40}$/;
+const ENTRY_POINTS = ["predict", "gradients", "train_step"];
+const QUAD = new Float32Array([-1, -1, 3, -1, -1, 3]); // one triangle covers the viewport
+const SOFTWARE_RE = /swiftshader|llvmpipe|softpipe|software|basic render|lavapipe|swrast/i;
+
+/** The one error type: a mistake in a bundle, an input, or a missing browser capability. */
+export class GlcompError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "GlcompError";
+  }
+}
+
+// -- small helpers -----------------------------------------------------------------------------
+const isObj = (v) => v !== null && typeof v === "object" && !Array.isArray(v) && !ArrayBuffer.isView(v)
+  && !(v instanceof ArrayBuffer);
+const isInt = (v) => typeof v === "number" && Number.isInteger(v);
+const isPow2 = (v) => isInt(v) && v >= 1 && v <= MAX_SIDE && (v & (v - 1)) === 0;
+const prod = (a) => a.reduce((x, y) => x * y, 1);
+const repr = (v) => {
+  if (v === undefined) return "None";
+  if (typeof v === "string") return `'${v}'`;
+  try { return JSON.stringify(v); } catch { return String(v); }
+};
+const fmtShape = (s) => (s.length === 1 ? `(${s[0]},)` : `(${s.join(", ")})`);
+const fmtList = (a) => `[${a.map((x) => `'${x}'`).join(", ")}]`;
+const sortedKeys = (o) => Object.keys(o).sort();
+const sameList = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+
+let channel = null;
+const channelQueue = [];
+/** Resolve on the next event-loop task (like setTimeout 0, without the 4 ms nesting clamp). */
+export function nextTask() {
+  if (typeof MessageChannel === "undefined") return new Promise((r) => setTimeout(r, 0));
+  if (!channel) {
+    channel = new MessageChannel();
+    channel.port1.onmessage = () => channelQueue.shift()();
+  }
+  return new Promise((r) => {
+    channelQueue.push(r);
+    channel.port2.postMessage(0);
+  });
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const nextFrame = () => (typeof requestAnimationFrame === "function"
+  ? new Promise((r) => requestAnimationFrame(() => r())) : nextTask());
+
+// -- manifest validation (a port of glcomp/codegen/schema.py validate_manifest) -----------------
+class Check {
+  constructor(where) { this.where = where; }
+  fail(msg) { return new GlcompError(`bundle ${this.where}: ${msg}`); }
+  need(cond, msg) { if (!cond) throw this.fail(msg); }
+  dict(obj, field) { this.need(isObj(obj), `${field} must be an object`); return obj; }
+  int(obj, field, lo = 0, hi = 2 ** 40) {
+    this.need(isInt(obj) && obj >= lo && obj <= hi, `${field} must be an integer in [${lo}, ${hi}], got ${repr(obj)}`);
+    return obj;
+  }
+  name(obj, field) {
+    this.need(typeof obj === "string" && NAME_RE.test(obj), `${field} has an invalid name ${repr(obj)}`);
+    return obj;
+  }
+}
+
+const LAYOUT_KEYS = ["height", "pages", "row_len", "row_texels", "rows", "shape", "texels", "width"];
+
+function checkLayout(c, lay, field, shape) {
+  lay = c.dict(lay, field);
+  c.need(sameList(sortedKeys(lay), LAYOUT_KEYS), `${field} must have exactly the keys ${fmtList(LAYOUT_KEYS)}`);
+  c.need(Array.isArray(lay.shape) && lay.shape.every((s) => isInt(s) && s >= 0), `${field}.shape must be a list of sizes`);
+  if (shape !== undefined) {
+    c.need(Array.isArray(shape) && sameList(shape, lay.shape), `${field}.shape ${repr(lay.shape)} != ${repr(shape)}`);
+  }
+  for (const k of LAYOUT_KEYS) {
+    if (k !== "shape") c.int(lay[k], `${field}.${k}`, k === "rows" || k === "row_len" ? 0 : 1, 2 ** 40);
+  }
+  const s = lay.shape;
+  const rows = s.length ? prod(s.slice(0, -1)) : 1;
+  const rowLen = s.length ? s[s.length - 1] : 1;
+  c.need(lay.rows === rows && lay.row_len === rowLen, `${field} rows/row_len disagree with shape`);
+  c.need(lay.row_texels === Math.max(1, Math.ceil(rowLen / 4)), `${field}.row_texels is wrong`);
+  c.need(lay.texels === Math.max(1, rows * lay.row_texels), `${field}.texels is wrong`);
+  for (const side of ["width", "height"]) {
+    c.need(isPow2(lay[side]), `${field}.${side} must be a power of two <= ${MAX_SIDE}`);
+  }
+  c.need(lay.width * lay.height * lay.pages >= lay.texels, `${field} pages too small`);
+  return lay;
+}
+
+/** Throw GlcompError for anything in a manifest that does not fit the schema. `shaderNames`: the
+ *  shader files present. Stricter than schema.py in a few places the compiler never exercises
+ *  (refs have exactly their keys, state texture sets are disjoint and owned by one state,
+ *  entry input/output textures have their layout's size). */
+export function validateManifest(m, shaderNames) {
+  const names = new Set(shaderNames);
+  const c = new Check("manifest.json");
+  m = c.dict(m, "manifest");
+  c.need(m.format === FORMAT, `format must be '${FORMAT}', got ${repr(m.format)}`);
+  c.need(VERSIONS.includes(m.version), `unknown format version ${repr(m.version)} (supported: (${VERSIONS.join(", ")},))`);
+  const required = ["counters", "entries", "hyper", "inputs", "memory", "programs", "states", "target", "textures",
+    "vertex_shader"];
+  const missing = required.filter((k) => !(k in m));
+  c.need(!missing.length, `missing fields ${fmtList(missing)}`);
+  const target = c.dict(m.target, "target");
+  c.need(target.glsl_version === "300 es" || target.glsl_version === "100", "target.glsl_version must be '300 es' or '100'");
+  const maxSize = c.int(target.max_texture_size, "target.max_texture_size", 1, MAX_SIDE);
+
+  const textures = c.dict(m.textures, "textures");
+  for (const [name, tex] of Object.entries(textures)) {
+    c.name(name, "texture");
+    c.dict(tex, `textures.${name}`);
+    for (const side of ["width", "height"]) {
+      const v = c.int(tex[side], `textures.${name}.${side}`, 1, maxSize);
+      c.need((v & (v - 1)) === 0, `textures.${name}.${side} must be a power of two`);
+    }
+  }
+
+  const states = c.dict(m.states, "states");
+  const owner = new Map(); // texture -> state owning it
+  for (const [name, st] of Object.entries(states)) {
+    c.name(name, "state");
+    c.dict(st, `states.${name}`);
+    const lay = checkLayout(c, st.layout, `states.${name}.layout`);
+    c.need(["param", "buffer", "state"].includes(st.role), `states.${name}.role must be 'param', 'buffer' or 'state'`);
+    const sets = st.textures;
+    c.need(Array.isArray(sets) && sets.length === 2, `states.${name}.textures must hold two sets`);
+    for (const group of sets) {
+      c.need(Array.isArray(group) && group.length === lay.pages, `states.${name}.textures: one texture per page expected`);
+      for (const t of group) {
+        c.need(typeof t === "string" && Object.hasOwn(textures, t), `states.${name} refers to unknown texture ${repr(t)}`);
+        const tex = textures[t];
+        c.need(sameList(sortedKeys(tex), ["height", "width"]) && tex.width === lay.width && tex.height === lay.height,
+          `states.${name}: texture ${repr(t)} has the wrong size`);
+        c.need(!owner.has(t), `states.${name}: texture ${repr(t)} is used twice by the state texture sets`);
+        owner.set(t, name);
+      }
+    }
+  }
+  const inputs = c.dict(m.inputs, "inputs");
+  for (const [name, spec] of Object.entries(inputs)) {
+    c.name(name, "input");
+    c.dict(spec, `inputs.${name}`);
+    c.need(Array.isArray(spec.shape), `inputs.${name}.shape must be a list of sizes`);
+    checkLayout(c, spec.layout, `inputs.${name}.layout`, spec.shape);
+    if (spec.num_classes !== undefined && spec.num_classes !== null) {
+      c.int(spec.num_classes, `inputs.${name}.num_classes`, 1);
+    }
+  }
+  const hyper = c.dict(m.hyper, "hyper");
+  for (const [name, value] of Object.entries(hyper)) {
+    c.name(name, "hyper");
+    c.need(typeof value === "number" && Number.isFinite(value), `hyper.${name} must be a number`);
+  }
+  const counters = c.dict(m.counters, "counters");
+  for (const [name, value] of Object.entries(counters)) {
+    c.name(name, "counter");
+    c.int(value, `counters.${name}`, 0);
+    c.need(!Object.hasOwn(states, name), `counters.${name} has the name of a state`);
+  }
+  c.need(typeof m.vertex_shader === "string" && names.has(m.vertex_shader), `vertex shader ${repr(m.vertex_shader)} is missing`);
+
+  const programs = c.dict(m.programs, "programs");
+  for (const [pid, prog] of Object.entries(programs)) {
+    c.name(pid, "program");
+    c.dict(prog, `programs.${pid}`);
+    c.need(typeof prog.fragment === "string" && names.has(prog.fragment), `programs.${pid}: shader ${repr(prog.fragment)} is missing`);
+    for (const key of ["samplers", "uniforms"]) {
+      c.need(Array.isArray(prog[key]), `programs.${pid}.${key} must be a list`);
+    }
+    for (const s of [...prog.samplers, ...prog.uniforms]) {
+      c.need(typeof s === "string" && UNIFORM_RE.test(s), `programs.${pid}: bad uniform name ${repr(s)}`);
+    }
+    c.need(new Set([...prog.samplers, ...prog.uniforms]).size === prog.samplers.length + prog.uniforms.length,
+      `programs.${pid}: a uniform name appears twice`);
+    c.int(prog.outputs, `programs.${pid}.outputs`, 1, 16);
+  }
+
+  const checkRef = (ref, field) => {
+    if (typeof ref === "string") {
+      c.need(Object.hasOwn(textures, ref), `${field} refers to unknown texture ${repr(ref)}`);
+      c.need(!owner.has(ref), `${field} names state texture ${repr(ref)} directly`);
+      return [textures[ref].width, textures[ref].height];
+    }
+    c.dict(ref, field);
+    c.need(typeof ref.state === "string" && Object.hasOwn(states, ref.state), `${field} refers to unknown state ${repr(ref.state)}`);
+    c.need(ref.version === "cur" || ref.version === "next", `${field}.version must be 'cur' or 'next'`);
+    const lay = states[ref.state].layout;
+    c.int(ref.page, `${field}.page`, 0, lay.pages - 1);
+    c.need(sameList(sortedKeys(ref), ["page", "state", "version"]), `${field} must have exactly the keys ['page', 'state', 'version']`);
+    return [lay.width, lay.height];
+  };
+  const refKey = (r) => (typeof r === "string" ? JSON.stringify(r) : JSON.stringify([r.page, r.state, r.version]));
+
+  const entries = c.dict(m.entries, "entries");
+  const unknownEntries = Object.keys(entries).filter((k) => !ENTRY_POINTS.includes(k));
+  c.need(!unknownEntries.length, `unknown entry points ${fmtList(sortedKeys(entries))}`);
+  for (const [entry, e] of Object.entries(entries)) {
+    c.dict(e, `entries.${entry}`);
+    for (const [name, refs] of Object.entries(c.dict(e.inputs, `entries.${entry}.inputs`))) {
+      c.need(Object.hasOwn(inputs, name), `entries.${entry}: unknown input ${repr(name)}`);
+      const lay = inputs[name].layout;
+      c.need(Array.isArray(refs) && refs.length === lay.pages, `entries.${entry}.inputs.${name}: one texture per page expected`);
+      for (const r of refs) {
+        const [w, h] = checkRef(r, `entries.${entry}.inputs.${name}`);
+        c.need(w === lay.width && h === lay.height, `entries.${entry}.inputs.${name}: texture size differs from the layout`);
+      }
+    }
+    for (const [name, out] of Object.entries(c.dict(e.outputs, `entries.${entry}.outputs`))) {
+      c.name(name.replace(/:/g, "_"), `entries.${entry}.outputs`);
+      c.dict(out, `entries.${entry}.outputs.${name}`);
+      const lay = checkLayout(c, out.layout, `entries.${entry}.outputs.${name}.layout`);
+      c.need(Array.isArray(out.textures) && out.textures.length === lay.pages,
+        `entries.${entry}.outputs.${name}: one texture per page expected`);
+      for (const r of out.textures) {
+        const [w, h] = checkRef(r, `entries.${entry}.outputs.${name}`);
+        c.need(w === lay.width && h === lay.height, `entries.${entry}.outputs.${name}: texture size differs from the layout`);
+      }
+    }
+    const updates = e.updates === undefined ? [] : e.updates;
+    c.need(Array.isArray(updates), `entries.${entry}.updates must be a list`);
+    for (const name of updates) {
+      c.need(typeof name === "string" && Object.hasOwn(states, name), `entries.${entry}.updates: unknown state ${repr(name)}`);
+    }
+    const draws = e.draws;
+    c.need(Array.isArray(draws), `entries.${entry}.draws must be a list`);
+    draws.forEach((d, i) => {
+      const field = `entries.${entry}.draws[${i}]`;
+      c.dict(d, field);
+      const prog = typeof d.program === "string" && Object.hasOwn(programs, d.program) ? programs[d.program] : undefined;
+      c.need(prog !== undefined, `${field} refers to unknown program ${repr(d.program)}`);
+      const samplers = c.dict(d.samplers, `${field}.samplers`);
+      c.need(sameList(sortedKeys(samplers), [...prog.samplers].sort()), `${field}: samplers do not match the program`);
+      for (const [s, r] of Object.entries(samplers)) checkRef(r, `${field}.samplers.${s}`);
+      const uniforms = c.dict(d.uniforms, `${field}.uniforms`);
+      c.need(sameList(sortedKeys(uniforms), [...prog.uniforms].sort()), `${field}: uniforms do not match the program`);
+      for (const [u, src] of Object.entries(uniforms)) {
+        c.need(isObj(src) && typeof src.hyper === "string" && Object.hasOwn(hyper, src.hyper),
+          `${field}.uniforms.${u} must name a hyper-parameter`);
+      }
+      const targets = d.targets;
+      c.need(Array.isArray(targets) && targets.length === prog.outputs, `${field}: one target per program output expected`);
+      const sizes = new Set(targets.map((r) => checkRef(r, `${field}.targets`).join("x")));
+      const vp = d.viewport;
+      c.need(Array.isArray(vp) && vp.length === 2 && vp.every(isInt), `${field}.viewport must be [width, height]`);
+      c.need(sizes.size === 1 && sizes.has(vp.join("x")), `${field}: render targets must all match the viewport size`);
+      const read = new Set(Object.values(samplers).map(refKey));
+      c.need(!targets.some((r) => read.has(refKey(r))), `${field} samples a texture it renders to`);
+      c.need(new Set(targets.map(refKey)).size === targets.length, `${field} renders to one texture twice`);
+      c.int(d.page_offset, `${field}.page_offset`, 0);
+      const blend = d.blend === undefined ? false : d.blend;
+      c.need(blend === true || blend === false, `${field}.blend must be a boolean`);
+      c.need(d.kernel === undefined || typeof d.kernel === "string", `${field}.kernel must be a string`);
+    });
+  }
+}
+
+// -- safetensors ------------------------------------------------------------------------------
+const DTYPES = {
+  F32: { size: 4, get: (v, o) => v.getFloat32(o, true), make: (n) => new Float32Array(n) },
+  F64: { size: 8, get: (v, o) => v.getFloat64(o, true), make: (n) => new Float64Array(n) },
+  I32: { size: 4, get: (v, o) => v.getInt32(o, true), make: (n) => new Int32Array(n) },
+  I64: { size: 8, get: (v, o) => v.getBigInt64(o, true), make: (n) => new BigInt64Array(n) },
+};
+
+function toArrayBuffer(data) {
+  if (data instanceof ArrayBuffer) return data;
+  if (ArrayBuffer.isView(data)) return data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength);
+  throw new GlcompError("expected an ArrayBuffer or a typed array");
+}
+
+/** Parse a safetensors file: {name: {dtype, shape, data}}. Checks the header strictly (offsets
+ *  in range, no overlap or gaps, sizes matching the shapes). `where` names the file in errors. */
+export function parseSafetensors(buffer, where = "weights.safetensors") {
+  const fail = (msg) => new GlcompError(`bundle ${where}: unreadable (${msg})`);
+  const buf = toArrayBuffer(buffer);
+  if (buf.byteLength < 8) throw fail("file shorter than its 8-byte header length");
+  const view = new DataView(buf);
+  const lenLo = view.getUint32(0, true);
+  const lenHi = view.getUint32(4, true);
+  if (lenHi !== 0 || lenLo > buf.byteLength - 8 || lenLo > 100_000_000) {
+    throw fail(`header length ${lenHi * 2 ** 32 + lenLo} exceeds the file size ${buf.byteLength}`);
+  }
+  let header;
+  try {
+    header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(new Uint8Array(buf, 8, lenLo)));
+  } catch (err) {
+    throw fail(`header is not valid JSON: ${err.message}`);
+  }
+  if (!isObj(header)) throw fail("header is not a JSON object");
+  const start = 8 + lenLo;
+  const dataLen = buf.byteLength - start;
+  const spans = [];
+  const out = {};
+  for (const [name, info] of Object.entries(header)) {
+    if (name === "__metadata__") {
+      if (!isObj(info) || !Object.values(info).every((v) => typeof v === "string")) throw fail("bad __metadata__");
+      continue;
+    }
+    if (!isObj(info)) throw fail(`entry ${repr(name)} is not an object`);
+    const dt = DTYPES[info.dtype];
+    if (!dt) throw fail(`tensor ${repr(name)} has unsupported dtype ${repr(info.dtype)}`);
+    const { shape, data_offsets: offs } = info;
+    if (!Array.isArray(shape) || !shape.every((s) => isInt(s) && s >= 0)) throw fail(`tensor ${repr(name)} has a bad shape`);
+    if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((o) => isInt(o) && o >= 0) || offs[1] < offs[0]
+      || offs[1] > dataLen) {
+      throw fail(`tensor ${repr(name)} has data offsets outside the file`);
+    }
+    const n = prod(shape);
+    if (offs[1] - offs[0] !== n * dt.size) throw fail(`tensor ${repr(name)}: ${offs[1] - offs[0]} bytes for shape ${fmtShape(shape)}`);
+    spans.push(offs);
+    const data = dt.make(n);
+    for (let i = 0, o = start + offs[0]; i < n; i++, o += dt.size) data[i] = dt.get(view, o);
+    out[name] = { dtype: info.dtype, shape: [...shape], data };
+  }
+  spans.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  let end = 0;
+  for (const [b, e] of spans) {
+    if (b !== end) throw fail("tensor data overlaps or leaves gaps");
+    end = e;
+  }
+  if (end !== dataLen) throw fail("the file holds bytes no tensor covers");
+  return out;
+}
+
+/** Write tensors {name: {dtype: "F32"|"I64"|..., shape, data}} as a safetensors ArrayBuffer. */
+export function writeSafetensors(tensors) {
+  const header = {};
+  let offset = 0;
+  const names = Object.keys(tensors).sort();
+  for (const name of names) {
+    const t = tensors[name];
+    const dt = DTYPES[t.dtype];
+    if (!dt) throw new GlcompError(`cannot write dtype ${repr(t.dtype)}`);
+    const bytes = prod(t.shape) * dt.size;
+    header[name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + bytes] };
+    offset += bytes;
+  }
+  let json = new TextEncoder().encode(JSON.stringify(header));
+  const pad = (8 - (json.length % 8)) % 8;
+  if (pad) json = new TextEncoder().encode(JSON.stringify(header) + " ".repeat(pad));
+  const buf = new ArrayBuffer(8 + json.length + offset);
+  const view = new DataView(buf);
+  view.setUint32(0, json.length, true);
+  view.setUint32(4, 0, true);
+  new Uint8Array(buf, 8, json.length).set(json);
+  let o = 8 + json.length;
+  for (const name of names) {
+    const t = tensors[name];
+    const n = prod(t.shape);
+    for (let i = 0; i < n; i++, o += DTYPES[t.dtype].size) {
+      const v = t.data[i];
+      if (t.dtype === "F32") view.setFloat32(o, Number(v), true);
+      else if (t.dtype === "F64") view.setFloat64(o, Number(v), true);
+      else if (t.dtype === "I32") view.setInt32(o, Number(v), true);
+      else view.setBigInt64(o, BigInt(v), true);
+    }
+  }
+  return buf;
+}
+
+// -- packing (glcomp/runtime/packing.py) -------------------------------------------------------
+/** Pack a flat row-major Float32Array of the layout's shape into pages of width*height RGBA texels. */
+export function pack(flat, lay) {
+  const { rows, row_len: rowLen, row_texels: rowTexels, width, height, pages } = lay;
+  const pageSize = width * height * 4;
+  const texels = new Float32Array(pages * pageSize);
+  if (rowLen === rowTexels * 4) texels.set(flat.subarray(0, rows * rowLen));
+  else for (let r = 0; r < rows; r++) texels.set(flat.subarray(r * rowLen, (r + 1) * rowLen), r * rowTexels * 4);
+  const out = [];
+  for (let p = 0; p < pages; p++) out.push(texels.subarray(p * pageSize, (p + 1) * pageSize));
+  return out;
+}
+
+/** Inverse of `pack`: pages of RGBA floats -> a flat row-major Float32Array. */
+export function unpack(pages, lay) {
+  const { rows, row_len: rowLen, row_texels: rowTexels } = lay;
+  let all = pages[0];
+  if (pages.length > 1) {
+    all = new Float32Array(pages.reduce((n, p) => n + p.length, 0));
+    let o = 0;
+    for (const p of pages) { all.set(p, o); o += p.length; }
+  }
+  const out = new Float32Array(rows * rowLen);
+  if (rowLen === rowTexels * 4) out.set(all.subarray(0, rows * rowLen));
+  else for (let r = 0; r < rows; r++) out.set(all.subarray(r * rowTexels * 4, r * rowTexels * 4 + rowLen), r * rowLen);
+  return out;
+}
+
+// -- inputs (glcomp/runtime/feeds.py) ----------------------------------------------------------
+function nestedShape(v, name) {
+  const shape = [];
+  let cur = v;
+  while (Array.isArray(cur)) { shape.push(cur.length); cur = cur[0]; }
+  const flat = [];
+  const walk = (x, depth) => {
+    if (depth === shape.length) {
+      if (Array.isArray(x)) throw new GlcompError(`input ${repr(name)}: not an array (ragged nested lists)`);
+      flat.push(x);
+      return;
+    }
+    if (!Array.isArray(x) || x.length !== shape[depth]) {
+      throw new GlcompError(`input ${repr(name)}: not an array (ragged nested lists)`);
+    }
+    for (const y of x) walk(y, depth + 1);
+  };
+  walk(v, 0);
+  return [shape, flat];
+}
+
+/** Turn `value` (typed array, plain or nested array, number, or {shape, data}) into a flat array
+ *  of the spec's shape; raise GlcompError naming the tensor like feeds.py check_input. */
+export function checkInput(name, spec, value) {
+  const shape = spec.shape;
+  const n = prod(shape);
+  let data;
+  let given;
+  if (ArrayBuffer.isView(value) && !(value instanceof DataView)) {
+    data = value;
+    given = value.length === n ? shape : [value.length];
+  } else if (isObj(value) && "data" in value) {
+    given = Array.isArray(value.shape) ? value.shape : [value.data?.length ?? 0];
+    data = ArrayBuffer.isView(value.data) ? value.data : nestedShape(value.data, name)[1];
+  } else if (Array.isArray(value)) {
+    const [s, flat] = nestedShape(value, name);
+    data = flat;
+    given = s.length === 1 && flat.length === n ? shape : s; // a flat list of the right length is fine
+  } else if (typeof value === "number" || typeof value === "boolean" || typeof value === "bigint") {
+    data = [value];
+    given = [];
+  } else {
+    throw new GlcompError(`input ${repr(name)}: not an array (got ${value === null ? "null" : typeof value})`);
+  }
+  if (!sameList(given, shape) || data.length !== n) {
+    throw new GlcompError(`input ${repr(name)} expected shape ${fmtShape(shape)} but got ${fmtShape(given)}`);
+  }
+  const out = new Float32Array(n);
+  const classes = spec.num_classes;
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (let i = 0; i < n; i++) {
+    let v = data[i];
+    if (typeof v === "bigint") v = Number(v);
+    else if (typeof v === "boolean") v = v ? 1 : 0;
+    if (typeof v !== "number") throw new GlcompError(`input ${repr(name)} must hold numbers, got ${typeof v}`);
+    if (classes !== undefined && classes !== null) {
+      if (!Number.isInteger(v)) throw new GlcompError(`input ${repr(name)}: class labels must be integers`);
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    } else if (!Number.isFinite(v)) {
+      throw new GlcompError(`input ${repr(name)} holds NaN or infinite values`);
+    }
+    out[i] = v;
+  }
+  if (classes !== undefined && classes !== null && n && (lo < 0 || hi >= classes)) {
+    throw new GlcompError(`input ${repr(name)}: class labels must lie in [0, ${classes}), got values from ${lo} to ${hi}`);
+  }
+  return out;
+}
+
+/** Every name known, none missing, each one checked by `checkInput`. */
+export function checkFeeds(entry, specs, given) {
+  if (!isObj(given)) throw new GlcompError(`${entry}: inputs must be an object of name -> array`);
+  const unknown = Object.keys(given).filter((k) => !Object.hasOwn(specs, k)).sort();
+  if (unknown.length) throw new GlcompError(`${entry}: unknown input names ${fmtList(unknown)}; expected ${fmtList(sortedKeys(specs))}`);
+  const missing = Object.keys(specs).filter((k) => !Object.hasOwn(given, k)).sort();
+  if (missing.length) throw new GlcompError(`${entry}: missing inputs ${fmtList(missing)}`);
+  const out = {};
+  for (const [name, spec] of Object.entries(specs)) out[name] = checkInput(name, spec, given[name]);
+  return out;
+}
+
+// -- loading a bundle --------------------------------------------------------------------------
+async function readAsText(v) {
+  if (typeof v === "string") return v;
+  if (typeof Blob !== "undefined" && v instanceof Blob) return v.text();
+  return new TextDecoder("utf-8", { fatal: true }).decode(toArrayBuffer(v));
+}
+async function readAsBuffer(v) {
+  if (typeof Blob !== "undefined" && v instanceof Blob) return v.arrayBuffer();
+  if (typeof v === "string") return new TextEncoder().encode(v).buffer;
+  return toArrayBuffer(v);
+}
+
+/** Files given directly: {"manifest.json": File|ArrayBuffer|string|object, "weights.safetensors":
+ *  ..., "shaders/p0.frag": ...} or an array / FileList of File objects (a picked bundle folder). */
+function fileMap(source) {
+  const map = new Map();
+  const add = (path, value) => {
+    const parts = String(path).split(/[\\/]/).filter((p) => p);
+    const base = parts[parts.length - 1];
+    if (!base) return;
+    if (base === "manifest.json" || base === "weights.safetensors") map.set(base, value);
+    else if (SHADER_RE.test(base) && (parts.length === 1 || parts[parts.length - 2] === "shaders")) map.set(`shaders/${base}`, value);
+  };
+  const isList = Array.isArray(source) || (typeof FileList !== "undefined" && source instanceof FileList);
+  if (isList) {
+    for (const f of source) add(f.webkitRelativePath || f.name, f);
+  } else {
+    for (const [k, v] of Object.entries(source)) add(k, v);
+  }
+  return map;
+}
+
+async function fetchFile(url, what, optional = false) {
+  let res;
+  try {
+    res = await fetch(url);
+  } catch (err) {
+    throw new GlcompError(`bundle ${what}: could not fetch ${url} (${err.message})`);
+  }
+  if (!res.ok) {
+    if (optional) return null;
+    throw new GlcompError(`bundle ${what} is missing (HTTP ${res.status} for ${url})`);
+  }
+  return res;
+}
+
+/** Load and validate a bundle: {manifest, shaders, weights, counters}. Nothing is run. */
+export async function loadBundle(source) {
+  let manifestText;
+  let weightsBuf;
+  const shaders = {};
+  let getShader;
+  if (typeof source === "string" || (typeof URL !== "undefined" && source instanceof URL)) {
+    const here = typeof location !== "undefined" ? location.href : undefined;
+    let base = String(source);
+    if (!base.endsWith("/")) base += "/";
+    base = new URL(base, here).href;
+    manifestText = await (await fetchFile(new URL("manifest.json", base), "manifest.json")).text();
+    getShader = async (name) => {
+      const res = await fetchFile(new URL(`shaders/${name}`, base), `shaders/${name}`, true);
+      return res ? res.text() : null;
+    };
+    weightsBuf = async () => (await fetchFile(new URL("weights.safetensors", base), "weights.safetensors")).arrayBuffer();
+  } else if (source && typeof source === "object") {
+    const map = fileMap(source);
+    for (const f of ["manifest.json", "weights.safetensors"]) {
+      if (!map.has(f)) throw new GlcompError(`bundle: ${f} is missing`);
+    }
+    const mv = map.get("manifest.json");
+    manifestText = isObj(mv) && !(typeof Blob !== "undefined" && mv instanceof Blob) ? JSON.stringify(mv) : await readAsText(mv);
+    getShader = async (name) => (map.has(`shaders/${name}`) ? readAsText(map.get(`shaders/${name}`)) : null);
+    weightsBuf = async () => readAsBuffer(map.get("weights.safetensors"));
+  } else {
+    throw new GlcompError("Runtime.load: pass a bundle base URL, or an object / array of its files");
+  }
+  let manifest;
+  try {
+    manifest = JSON.parse(manifestText);
+  } catch (err) {
+    throw new GlcompError(`bundle manifest.json: not valid JSON (${err.message})`);
+  }
+  if (isObj(manifest)) {
+    const wanted = [manifest.vertex_shader];
+    for (const p of Object.values(isObj(manifest.programs) ? manifest.programs : {})) {
+      if (isObj(p)) wanted.push(p.fragment);
+    }
+    for (const name of wanted) {
+      if (typeof name !== "string" || !SHADER_RE.test(name)) {
+        throw new GlcompError(`bundle manifest.json: shader name ${repr(name)} is not a plain file name`);
+      }
+    }
+    const unique = [...new Set(wanted)];
+    const texts = await Promise.all(unique.map(getShader));
+    unique.forEach((name, i) => { if (texts[i] !== null) shaders[name] = texts[i]; });
+  }
+  validateManifest(manifest, Object.keys(shaders));
+  const tensors = parseSafetensors(await weightsBuf());
+  const expected = {};
+  for (const [k, st] of Object.entries(manifest.states)) expected[k] = st.layout.shape;
+  for (const k of Object.keys(manifest.counters)) expected[k] = [];
+  const missing = Object.keys(expected).filter((k) => !Object.hasOwn(tensors, k)).sort();
+  const extra = Object.keys(tensors).filter((k) => !Object.hasOwn(expected, k)).sort();
+  if (missing.length || extra.length) {
+    throw new GlcompError(`bundle weights.safetensors: missing ${fmtList(missing)}, unexpected ${fmtList(extra)}`);
+  }
+  const weights = {};
+  const counters = {};
+  for (const [k, shape] of Object.entries(expected)) {
+    const t = tensors[k];
+    if (!sameList(t.shape, shape)) {
+      throw new GlcompError(`bundle weights.safetensors: ${repr(k)} has shape ${fmtShape(t.shape)}, expected ${fmtShape(shape)}`);
+    }
+    const values = Float32Array.from(t.data, Number);
+    const isCounter = Object.hasOwn(manifest.counters, k);
+    if (!Array.from(t.data, Number).every(Number.isFinite)) {
+      throw new GlcompError(`bundle weights.safetensors: ${repr(k)} holds NaN or infinite values`);
+    }
+    if (isCounter) counters[k] = Number(t.data[0]);
+    else weights[k] = values;
+  }
+  return { manifest, shaders, weights, counters };
+}
+
+// -- the runtime -------------------------------------------------------------------------------
+/** WebGL wants #version on the very first line; drop blank lines in front of it. Returns the
+ *  source and how many lines were dropped (to map driver line numbers back to the file). */
+function versionFirst(source) {
+  const lead = /^\s*/.exec(source)[0];
+  if (!lead || !source.startsWith("#version", lead.length)) return [source, 0];
+  return [source.slice(lead.length), lead.split("\n").length - 1];
+}
+
+function compileError(kernel, source, log) {
+  const header = source.split("\n").slice(0, 12).filter((l) => l.startsWith("//")).join("\n");
+  const found = /0:(\d+)/.exec(log || "");
+  let line = "";
+  if (found) {
+    const n = Number(found[1]) + versionFirst(source)[1];
+    const lines = source.split("\n");
+    if (n > 0 && n <= lines.length) line = `\nGLSL line ${n}: ${lines[n - 1].trim()}`;
+  }
+  return new GlcompError(`shader for kernel ${kernel} failed to compile or link:\n${header}${line}\ndriver: ${log}`);
+}
+
+const KINDS = ["textures", "framebuffers", "programs", "shaders", "buffers", "syncs"];
+
+/** Runs a glcomp bundle with WebGL 2 (GLSL ES 3.00 bundles) or WebGL 1 (GLSL ES 1.00 bundles). */
+export class Runtime {
+  /** `source`: a base URL ("bundle/") or the bundle's files. Options: `canvas` (a canvas to take
+   *  the context from), `readback` ("async" (default on WebGL 2) or "sync"), `contextAttributes`. */
+  static async load(source, options = {}) {
+    const bundle = await loadBundle(source);
+    const rt = new Runtime(bundle, options);
+    try {
+      await rt._init();
+    } catch (err) {
+      rt.dispose();
+      throw err;
+    }
+    return rt;
+  }
+
+  constructor(bundle, options = {}) {
+    this.bundle = bundle;
+    this.manifest = bundle.manifest;
+    this.options = options;
+    this.hyper = { ...this.manifest.hyper };
+    this.counters = { ...bundle.counters };
+    this.parity = Object.fromEntries(Object.keys(this.manifest.states).map((k) => [k, 0]));
+    this.textures = new Map();
+    this.programs = new Map();
+    this._fbos = new Map();
+    this._readFbos = new Map();
+    this._live = new Set(); // every GL object this runtime created and has not deleted
+    this._liveCount = Object.fromEntries(KINDS.map((k) => [k, 0]));
+    this._checkedEntries = new Set();
+    this._disposed = false;
+    this.drawCalls = 0;
+  }
+
+  // -- setup ------------------------------------------------------------------------------------
+  _track(kind, obj) {
+    if (!obj) throw this._lostOr(new GlcompError(`WebGL could not create a ${kind.slice(0, -1)}`));
+    this._live.add(obj);
+    obj.__glcompKind = kind;
+    this._liveCount[kind]++;
+    return obj;
+  }
+  _untrack(obj) {
+    if (obj && this._live.delete(obj)) this._liveCount[obj.__glcompKind]--;
+  }
+  _lostOr(err) {
+    return this.gl && this.gl.isContextLost() ? new GlcompError("the WebGL context was lost") : err;
+  }
+
+  _createContext() {
+    const m = this.manifest;
+    const webgl1 = m.target.glsl_version === "100";
+    let canvas = this.options.canvas;
+    if (!canvas) {
+      canvas = typeof document !== "undefined" ? document.createElement("canvas") : new OffscreenCanvas(1, 1);
+      canvas.width = canvas.height = 1;
+      this._ownCanvas = true;
+    }
+    this.canvas = canvas;
+    const attrs = { alpha: true, antialias: false, depth: false, stencil: false, premultipliedAlpha: false,
+      preserveDrawingBuffer: false, powerPreference: "high-performance", ...this.options.contextAttributes };
+    const gl = canvas.getContext(webgl1 ? "webgl" : "webgl2", attrs)
+      || (webgl1 ? canvas.getContext("experimental-webgl", attrs) : null);
+    if (!gl) {
+      throw new GlcompError(webgl1
+        ? "this browser offers no WebGL context (WebGL is disabled or unsupported)"
+        : "this browser offers no WebGL 2 context; compile the model with target='webgl1' for WebGL 1");
+    }
+    this.gl = gl;
+    this.webgl2 = !webgl1;
+    this._onLost = (ev) => { ev.preventDefault(); this._lost = true; };
+    canvas.addEventListener?.("webglcontextlost", this._onLost);
+
+    const dbg = gl.getExtension("WEBGL_debug_renderer_info");
+    const renderer = dbg ? gl.getParameter(dbg.UNMASKED_RENDERER_WEBGL) : gl.getParameter(gl.RENDERER);
+    const vendor = dbg ? gl.getParameter(dbg.UNMASKED_VENDOR_WEBGL) : gl.getParameter(gl.VENDOR);
+    const software = SOFTWARE_RE.test(`${renderer} ${vendor}`);
+    const lacks = [];
+    const ext = {};
+    const progs = Object.values(m.programs);
+    const outputs = Math.max(1, ...progs.map((p) => p.outputs));
+    const samplers = Math.max(0, ...progs.map((p) => p.samplers.length));
+    const blend = Object.values(m.entries).some((e) => e.draws.some((d) => d.blend === true));
+    if (this.webgl2) {
+      ext.colorBufferFloat = gl.getExtension("EXT_color_buffer_float");
+      if (!ext.colorBufferFloat) lacks.push("EXT_color_buffer_float (rendering into RGBA32F float textures)");
+    } else {
+      ext.textureFloat = gl.getExtension("OES_texture_float");
+      if (!ext.textureFloat) lacks.push("OES_texture_float (float textures)");
+      ext.colorBufferFloat = gl.getExtension("WEBGL_color_buffer_float") || gl.getExtension("EXT_color_buffer_float");
+      if (!ext.colorBufferFloat) lacks.push("WEBGL_color_buffer_float (rendering into float textures)");
+      if (outputs > 1) {
+        ext.drawBuffers = gl.getExtension("WEBGL_draw_buffers");
+        if (!ext.drawBuffers) lacks.push(`WEBGL_draw_buffers (programs write ${outputs} outputs per draw)`);
+      }
+    }
+    if (blend) {
+      ext.floatBlend = gl.getExtension("EXT_float_blend");
+      if (!ext.floatBlend) lacks.push("EXT_float_blend (additive blending into float textures)");
+    }
+    ext.parallel = gl.getExtension("KHR_parallel_shader_compile");
+    const maxTex = gl.getParameter(gl.MAX_TEXTURE_SIZE);
+    let maxDraw = 1;
+    if (this.webgl2) maxDraw = Math.min(gl.getParameter(gl.MAX_DRAW_BUFFERS), gl.getParameter(gl.MAX_COLOR_ATTACHMENTS));
+    else if (ext.drawBuffers) {
+      maxDraw = Math.min(gl.getParameter(ext.drawBuffers.MAX_DRAW_BUFFERS_WEBGL),
+        gl.getParameter(ext.drawBuffers.MAX_COLOR_ATTACHMENTS_WEBGL));
+    }
+    const maxUnits = gl.getParameter(gl.MAX_TEXTURE_IMAGE_UNITS);
+    const sides = Object.values(m.textures).flatMap((t) => [t.width, t.height]);
+    const need = Math.max(1, ...sides);
+    if (need > maxTex) lacks.push(`textures of ${need} texels per side (the limit here is ${maxTex})`);
+    if (outputs > maxDraw && (this.webgl2 || ext.drawBuffers)) {
+      lacks.push(`${outputs} draw buffers per draw call (this GPU has ${maxDraw})`);
+    }
+    if (samplers > maxUnits) lacks.push(`${samplers} texture units per shader (this GPU has ${maxUnits})`);
+    this._info = { webgl: this.webgl2 ? 2 : 1, renderer, vendor, software, maxTextureSize: maxTex,
+      maxDrawBuffers: maxDraw, maxTextureUnits: maxUnits, parallelShaderCompile: !!ext.parallel,
+      readback: this._asyncReadback() ? "async" : "sync", warnings: [] };
+    if (software) {
+      this._info.warnings.push(`${renderer} is a software renderer (no GPU acceleration): `
+        + "training works but is slow; enable hardware acceleration in the browser settings");
+    }
+    if (lacks.length) {
+      const sw = software ? ` It renders with ${renderer}, a software renderer: hardware acceleration may be off.` : "";
+      throw new GlcompError(`this browser cannot run the bundle (WebGL ${this.webgl2 ? 2 : 1}, renderer `
+        + `${renderer}); it lacks: ${lacks.join("; ")}.${sw}`);
+    }
+    this.ext = ext;
+  }
+
+  _asyncReadback() {
+    return this.webgl2 && (this.options.readback || "async") === "async";
+  }
+
+  async _init() {
+    this._createContext();
+    const gl = this.gl;
+    const m = this.manifest;
+    gl.disable(gl.DITHER);
+    gl.disable(gl.DEPTH_TEST);
+    gl.disable(gl.SCISSOR_TEST);
+    gl.disable(gl.CULL_FACE);
+    gl.disable(gl.BLEND);
+    gl.pixelStorei(gl.UNPACK_ALIGNMENT, 4);
+    gl.pixelStorei(gl.PACK_ALIGNMENT, 4);
+    gl.activeTexture(gl.TEXTURE0);
+    for (const [name, t] of Object.entries(m.textures)) {
+      const tex = this._track("textures", gl.createTexture());
+      tex.__name = name;
+      tex.__w = t.width;
+      tex.__h = t.height;
+      gl.bindTexture(gl.TEXTURE_2D, tex);
+      gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MIN_FILTER, gl.NEAREST);
+      gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MAG_FILTER, gl.NEAREST);
+      gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_S, gl.CLAMP_TO_EDGE);
+      gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_T, gl.CLAMP_TO_EDGE);
+      if (this.webgl2) gl.texStorage2D(gl.TEXTURE_2D, 1, gl.RGBA32F, t.width, t.height);
+      else gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA, t.width, t.height, 0, gl.RGBA, gl.FLOAT, null);
+      this.textures.set(name, tex);
+    }
+    gl.bindTexture(gl.TEXTURE_2D, null);
+    this._vbo = this._track("buffers", gl.createBuffer());
+    gl.bindBuffer(gl.ARRAY_BUFFER, this._vbo);
+    gl.bufferData(gl.ARRAY_BUFFER, QUAD, gl.STATIC_DRAW);
+    await this._compilePrograms();
+    for (const [name, value] of Object.entries(this.bundle.weights)) this._uploadState(name, value);
+    const err = gl.getError();
+    if (err !== gl.NO_ERROR) throw this._lostOr(new GlcompError(`WebGL error 0x${err.toString(16)} while setting up the bundle`));
+    const sw = this._info.warnings[0];
+    if (sw && !this.options.quiet && typeof console !== "undefined") console.warn(`glcomp: ${sw}`);
+  }
+
+  async _compilePrograms() {
+    const gl = this.gl;
+    const m = this.manifest;
+    const shaders = this.bundle.shaders;
+    const kernelOf = {};
+    for (const e of Object.values(m.entries)) for (const d of e.draws) kernelOf[d.program] ??= d.kernel ?? d.program;
+    const compile = (type, source) => {
+      const sh = this._track("shaders", gl.createShader(type));
+      gl.shaderSource(sh, versionFirst(source)[0]);
+      gl.compileShader(sh);
+      return sh;
+    };
+    const vert = compile(gl.VERTEX_SHADER, shaders[m.vertex_shader]);
+    const pending = [];
+    for (const [pid, p] of Object.entries(m.programs)) {
+      const frag = compile(gl.FRAGMENT_SHADER, shaders[p.fragment]);
+      const prog = this._track("programs", gl.createProgram());
+      gl.attachShader(prog, vert);
+      gl.attachShader(prog, frag);
+      gl.bindAttribLocation(prog, 0, "a_position");
+      gl.linkProgram(prog);
+      pending.push({ pid, p, prog, frag });
+    }
+    if (this.ext.parallel) {
+      const done = this.ext.parallel.COMPLETION_STATUS_KHR;
+      while (!pending.every(({ prog }) => gl.getProgramParameter(prog, done))) {
+        if (gl.isContextLost()) break;
+        await sleep(2);
+      }
+    }
+    try {
+      if (!gl.getShaderParameter(vert, gl.COMPILE_STATUS) && !gl.isContextLost()) {
+        throw compileError("quad (vertex shader)", shaders[m.vertex_shader], gl.getShaderInfoLog(vert));
+      }
+      for (const { pid, p, prog, frag } of pending) {
+        if (!gl.getProgramParameter(prog, gl.LINK_STATUS)) {
+          const log = gl.getShaderParameter(frag, gl.COMPILE_STATUS) ? gl.getProgramInfoLog(prog) : gl.getShaderInfoLog(frag);
+          throw this._lostOr(compileError(kernelOf[pid] || pid, shaders[p.fragment], log));
+        }
+        const loc = {};
+        for (const u of [...p.samplers, ...p.uniforms, "u_page_offset"]) loc[u] = gl.getUniformLocation(prog, u);
+        this.programs.set(pid, { prog, loc });
+      }
+    } finally {
+      for (const { prog, frag } of pending) {
+        gl.detachShader(prog, vert);
+        gl.detachShader(prog, frag);
+        gl.deleteShader(frag);
+        this._untrack(frag);
+      }
+      gl.deleteShader(vert);
+      this._untrack(vert);
+    }
+  }
+
+  /** What the WebGL context offers: renderer, limits, whether it is a software renderer. */
+  info() {
+    return { ...this._info, warnings: [...this._info.warnings] };
+  }
+
+  /** Live GL objects this runtime owns, by kind (all zero after dispose()). */
+  liveObjects() {
+    return { ...this._liveCount };
+  }
+
+  // -- textures --------------------------------------------------------------------------------
+  _texture(ref) {
+    if (typeof ref === "string") return this.textures.get(ref);
+    const st = this.manifest.states[ref.state];
+    const which = this.parity[ref.state] ^ (ref.version === "next" ? 1 : 0);
+    return this.textures.get(st.textures[which][ref.page]);
+  }
+
+  _write(refs, flat, layout) {
+    const gl = this.gl;
+    const pages = pack(flat, layout);
+    gl.activeTexture(gl.TEXTURE0);
+    refs.forEach((ref, i) => {
+      const tex = this._texture(ref);
+      gl.bindTexture(gl.TEXTURE_2D, tex);
+      gl.texSubImage2D(gl.TEXTURE_2D, 0, 0, 0, tex.__w, tex.__h, gl.RGBA, gl.FLOAT, pages[i]);
+    });
+    gl.bindTexture(gl.TEXTURE_2D, null);
+  }
+
+  _stateRefs(name, version = "cur") {
+    const pages = this.manifest.states[name].layout.pages;
+    return Array.from({ length: pages }, (_, page) => ({ state: name, version, page }));
+  }
+
+  _uploadState(name, flat) {
+    this._write(this._stateRefs(name), flat, this.manifest.states[name].layout);
+  }
+
+  _framebuffer(targets) {
+    const gl = this.gl;
+    const texs = targets.map((r) => this._texture(r));
+    const key = texs.map((t) => t.__name).join("|");
+    let fbo = this._fbos.get(key);
+    if (fbo) return fbo;
+    fbo = this._track("framebuffers", gl.createFramebuffer());
+    gl.bindFramebuffer(gl.FRAMEBUFFER, fbo);
+    const db = this.ext.drawBuffers;
+    const attach = (i) => (this.webgl2 ? gl.COLOR_ATTACHMENT0 + i : db ? db.COLOR_ATTACHMENT0_WEBGL + i : gl.COLOR_ATTACHMENT0);
+    texs.forEach((t, i) => gl.framebufferTexture2D(gl.FRAMEBUFFER, attach(i), gl.TEXTURE_2D, t, 0));
+    if (texs.length > 1 || db) {
+      const bufs = texs.map((_, i) => attach(i));
+      if (this.webgl2) gl.drawBuffers(bufs);
+      else db.drawBuffersWEBGL(bufs);
+    }
+    const status = gl.checkFramebufferStatus(gl.FRAMEBUFFER);
+    if (status !== gl.FRAMEBUFFER_COMPLETE) {
+      throw this._lostOr(new GlcompError(`float render targets are not supported here (framebuffer status 0x${status.toString(16)}, `
+        + `renderer ${this._info.renderer})`));
+    }
+    this._fbos.set(key, fbo);
+    return fbo;
+  }
+
+  _readFramebuffer(tex) {
+    let fbo = this._readFbos.get(tex);
+    if (fbo) return fbo;
+    const gl = this.gl;
+    fbo = this._track("framebuffers", gl.createFramebuffer());
+    gl.bindFramebuffer(gl.FRAMEBUFFER, fbo);
+    gl.framebufferTexture2D(gl.FRAMEBUFFER, gl.COLOR_ATTACHMENT0, gl.TEXTURE_2D, tex, 0);
+    this._readFbos.set(tex, fbo);
+    return fbo;
+  }
+
+  /** Read textures synchronously (readPixels into client memory). */
+  _readSync(refs, layout) {
+    const gl = this.gl;
+    const pages = refs.map((ref) => {
+      const tex = this._texture(ref);
+      gl.bindFramebuffer(gl.FRAMEBUFFER, this._readFramebuffer(tex));
+      const data = new Float32Array(tex.__w * tex.__h * 4);
+      gl.readPixels(0, 0, tex.__w, tex.__h, gl.RGBA, gl.FLOAT, data);
+      return data;
+    });
+    gl.bindFramebuffer(gl.FRAMEBUFFER, null);
+    return unpack(pages, layout);
+  }
+
+  /** A fresh pixel-pack buffer per readback: Chrome drops its readback shadow copy (with a
+   *  performance warning) when a READ buffer is written again after a fence. */
+  _createPbo(bytes) {
+    const gl = this.gl;
+    const pbo = this._track("buffers", gl.createBuffer());
+    gl.bindBuffer(gl.PIXEL_PACK_BUFFER, pbo);
+    gl.bufferData(gl.PIXEL_PACK_BUFFER, bytes, gl.STREAM_READ);
+    pbo.__bytes = bytes;
+    return pbo;
+  }
+
+  /** Read several outputs: [{refs, layout}] -> Promise<[Float32Array]>. On WebGL 2 the pixels are
+   *  copied into pixel-pack buffers, a fence is polled between event-loop tasks, and only then
+   *  read with getBufferSubData, so the page never blocks on the GPU. */
+  async _readMany(items) {
+    if (!this._asyncReadback()) return items.map(({ refs, layout }) => this._readSync(refs, layout));
+    const gl = this.gl;
+    const reads = items.map(({ refs, layout }) => ({
+      layout,
+      pages: refs.map((ref) => {
+        const tex = this._texture(ref);
+        const bytes = tex.__w * tex.__h * 16;
+        const pbo = this._createPbo(bytes);
+        gl.bindFramebuffer(gl.FRAMEBUFFER, this._readFramebuffer(tex));
+        gl.bindBuffer(gl.PIXEL_PACK_BUFFER, pbo);
+        gl.readPixels(0, 0, tex.__w, tex.__h, gl.RGBA, gl.FLOAT, 0);
+        return pbo;
+      }),
+    }));
+    gl.bindBuffer(gl.PIXEL_PACK_BUFFER, null);
+    gl.bindFramebuffer(gl.FRAMEBUFFER, null);
+    const sync = this._track("syncs", gl.fenceSync(gl.SYNC_GPU_COMMANDS_COMPLETE, 0));
+    gl.flush();
+    try {
+      await this._waitSync(sync);
+    } finally {
+      if (!this._disposed) {
+        gl.deleteSync(sync);
+        this._untrack(sync);
+      }
+    }
+    return reads.map(({ layout, pages }) => unpack(pages.map((pbo) => {
+      const data = new Float32Array(pbo.__bytes / 4);
+      gl.bindBuffer(gl.PIXEL_PACK_BUFFER, pbo);
+      gl.getBufferSubData(gl.PIXEL_PACK_BUFFER, 0, data);
+      gl.bindBuffer(gl.PIXEL_PACK_BUFFER, null);
+      gl.deleteBuffer(pbo);
+      this._untrack(pbo);
+      return data;
+    }), layout));
+  }
+
+  async _waitSync(sync) {
+    const gl = this.gl;
+    for (let polls = 0; ; polls++) {
+      if (this._disposed) throw new GlcompError("the runtime was disposed while reading back");
+      const s = gl.clientWaitSync(sync, 0, 0);
+      if (s === gl.ALREADY_SIGNALED || s === gl.CONDITION_SATISFIED) return;
+      if (s === gl.WAIT_FAILED) throw this._lostOr(new GlcompError("waiting for the GPU failed"));
+      await (polls < 50 ? nextTask() : sleep(1));
+    }
+  }
+
+  // -- execution -------------------------------------------------------------------------------
+  _alive() {
+    if (this._disposed) throw new GlcompError("the runtime was disposed");
+    if (this._lost || this.gl.isContextLost()) throw new GlcompError("the WebGL context was lost");
+  }
+
+  /** Upload `inputs`, run the entry point's draws, flip updated states. Returns the readback
+   *  (a Promise of {name: Float32Array}) for the outputs named in `read` (all by default). */
+  _run(entry, inputs, read) {
+    this._alive();
+    const m = this.manifest;
+    if (!Object.hasOwn(m.entries, entry)) {
+      throw new GlcompError(`${entry}: not in this bundle (compile with a loss and an optimizer)`);
+    }
+    const e = m.entries[entry];
+    const specs = Object.fromEntries(Object.keys(e.inputs).map((k) => [k, m.inputs[k]]));
+    const feeds = checkFeeds(entry, specs, inputs);
+    const names = read ?? Object.keys(e.outputs);
+    for (const n of names) if (!Object.hasOwn(e.outputs, n)) throw new GlcompError(`${entry} has no output ${repr(n)}`);
+    const gl = this.gl;
+    for (const [name, value] of Object.entries(feeds)) this._write(e.inputs[name], value, m.inputs[name].layout);
+    gl.bindBuffer(gl.ARRAY_BUFFER, this._vbo);
+    gl.vertexAttribPointer(0, 2, gl.FLOAT, false, 0, 0);
+    gl.enableVertexAttribArray(0);
+    for (const d of e.draws) this._draw(d);
+    gl.disable(gl.BLEND);
+    gl.bindFramebuffer(gl.FRAMEBUFFER, null);
+    const result = this._readMany(names.map((n) => ({ refs: e.outputs[n].textures, layout: e.outputs[n].layout })));
+    for (const name of e.updates ?? []) this.parity[name] ^= 1;
+    if (!this._checkedEntries.has(entry)) {
+      this._checkedEntries.add(entry);
+      const err = gl.getError();
+      if (err !== gl.NO_ERROR) throw this._lostOr(new GlcompError(`WebGL error 0x${err.toString(16)} while running ${entry}`));
+    }
+    return result.then((arrays) => Object.fromEntries(names.map((n, i) => [n, arrays[i]])));
+  }
+
+  _draw(d) {
+    const gl = this.gl;
+    const { prog, loc } = this.programs.get(d.program);
+    gl.useProgram(prog);
+    let unit = 0;
+    for (const [sampler, ref] of Object.entries(d.samplers)) {
+      gl.activeTexture(gl.TEXTURE0 + unit);
+      gl.bindTexture(gl.TEXTURE_2D, this._texture(ref));
+      if (loc[sampler]) gl.uniform1i(loc[sampler], unit);
+      unit++;
+    }
+    for (const [uniform, src] of Object.entries(d.uniforms)) {
+      if (loc[uniform]) gl.uniform1f(loc[uniform], this.hyper[src.hyper]);
+    }
+    if (loc.u_page_offset) gl.uniform1i(loc.u_page_offset, d.page_offset);
+    gl.bindFramebuffer(gl.FRAMEBUFFER, this._framebuffer(d.targets));
+    gl.viewport(0, 0, d.viewport[0], d.viewport[1]);
+    if (d.blend) {
+      gl.enable(gl.BLEND);
+      gl.blendFunc(gl.ONE, gl.ONE);
+    } else {
+      gl.disable(gl.BLEND);
+    }
+    gl.drawArrays(gl.TRIANGLES, 0, 3);
+    this.drawCalls++;
+  }
+
+  _tensor(entry, name, data) {
+    return { shape: [...this.manifest.entries[entry].outputs[name].layout.shape], dtype: "float32", data };
+  }
+
+  // -- the runtime interface -------------------------------------------------------------------
+  /** Run `predict`: the model's output as {shape, dtype, data} (or {name: tensor} for several). */
+  async predict(inputs) {
+    const out = await this._run("predict", inputs);
+    const names = Object.keys(out);
+    if (names.length === 1 && names[0] === "output") return this._tensor("predict", "output", out.output);
+    return Object.fromEntries(names.map((n) => [n, this._tensor("predict", n, out[n])]));
+  }
+
+  /** Loss and parameter gradients (train mode, no update): {loss, "<param>": tensor, ...}. */
+  async gradients(inputs) {
+    const out = await this._run("gradients", inputs);
+    const res = {};
+    for (const [k, v] of Object.entries(out)) {
+      if (k.startsWith("grad:")) res[k.slice(5)] = this._tensor("gradients", k, v);
+      else if (k === "loss") res.loss = v[0];
+    }
+    return res;
+  }
+
+  /** One optimizer step; resolves to the loss (read back asynchronously on WebGL 2). */
+  trainStep(inputs) {
+    if (!Object.hasOwn(this.manifest.entries.train_step?.outputs ?? {}, "loss")) {
+      return Promise.reject(new GlcompError("train_step: not in this bundle (compile with a loss and an optimizer)"));
+    }
+    let result;
+    try {
+      result = this._run("train_step", inputs, ["loss"]);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    for (const name of Object.keys(this.counters)) this.counters[name] += 1;
+    return result.then((out) => out.loss[0]);
+  }
+
+  /** Train `steps` steps on `batches` (an array of input objects, used in turn, or a function
+   *  step -> inputs). Yields to the event loop between steps; keeps up to `inflight` steps
+   *  queued on the GPU before waiting for a loss. `onStep(step, loss)` may return false to
+   *  stop. `yieldTo`: "task" (default; a zero-delay task) or "frame" (requestAnimationFrame). */
+  async train({ steps, batches, onStep, inflight = 2, yieldTo = "task" } = {}) {
+    const get = typeof batches === "function" ? batches : (i) => batches[i % batches.length];
+    if (steps === undefined && Array.isArray(batches)) steps = batches.length;
+    if (!isInt(steps) || steps < 0) throw new GlcompError("train: steps must be a non-negative integer");
+    if (typeof batches !== "function" && (!Array.isArray(batches) || !batches.length)) {
+      throw new GlcompError("train: batches must be a non-empty array of inputs or a function step -> inputs");
+    }
+    const depth = Math.max(1, inflight | 0);
+    const losses = [];
+    const queue = [];
+    let stop = false;
+    const settle = async () => {
+      const loss = await queue.shift();
+      losses.push(loss);
+      if (onStep && (await onStep(losses.length - 1, loss)) === false) stop = true;
+    };
+    try {
+      for (let i = 0; i < steps && !stop; i++) {
+        queue.push(this.trainStep(get(i)));
+        if (queue.length >= depth) await settle();
+        await (yieldTo === "frame" ? nextFrame() : nextTask());
+      }
+      while (queue.length) await settle();
+    } finally {
+      for (const p of queue) p.catch(() => {});
+    }
+    return losses;
+  }
+
+  setLr(lr) {
+    if (typeof lr !== "number" || !Number.isFinite(lr)) throw new GlcompError(`setLr: expected a finite number, got ${repr(lr)}`);
+    this.hyper.lr = lr;
+  }
+
+  /** Parameters, float buffers and counters, read back now: {name: {shape, dtype, data}}. */
+  getWeights({ optimizer = false } = {}) {
+    this._alive();
+    const out = {};
+    for (const [name, st] of Object.entries(this.manifest.states)) {
+      if (optimizer || st.role === "param" || st.role === "buffer") {
+        out[name] = { shape: [...st.layout.shape], dtype: "float32", data: this._readSync(this._stateRefs(name), st.layout) };
+      }
+    }
+    for (const [name, v] of Object.entries(this.counters)) {
+      out[name] = { shape: [], dtype: "int64", data: BigInt64Array.of(BigInt(v)) };
+    }
+    return out;
+  }
+
+  _weightShapes(optimizer) {
+    const shapes = {};
+    for (const [k, st] of Object.entries(this.manifest.states)) {
+      if (optimizer || st.role === "param" || st.role === "buffer") shapes[k] = st.layout.shape;
+    }
+    for (const k of Object.keys(this.counters)) shapes[k] = [];
+    return shapes;
+  }
+
+  _loadAll(state, shapes, owner) {
+    const problems = [];
+    const missing = Object.keys(shapes).filter((k) => !Object.hasOwn(state, k));
+    const extra = Object.keys(state).filter((k) => !Object.hasOwn(shapes, k));
+    if (missing.length) problems.push(`missing keys ${fmtList(missing)}`);
+    if (extra.length) problems.push(`unexpected keys ${fmtList(extra)}`);
+    const values = {};
+    for (const [key, shape] of Object.entries(shapes)) {
+      if (!Object.hasOwn(state, key)) continue;
+      let v = state[key];
+      let given;
+      let data;
+      if (isObj(v) && "data" in v) {
+        data = ArrayBuffer.isView(v.data) ? v.data : nestedShape(v.data, key)[1];
+        given = Array.isArray(v.shape) ? v.shape : [data.length];
+      } else if (ArrayBuffer.isView(v)) {
+        data = v;
+        given = v.length === prod(shape) ? shape : [v.length];
+      } else if (Array.isArray(v)) {
+        [given, data] = nestedShape(v, key);
+        if (given.length === 1 && data.length === prod(shape)) given = shape;
+      } else if (typeof v === "number" || typeof v === "bigint") {
+        data = [v];
+        given = [];
+      } else {
+        problems.push(`${repr(key)} is not an array`);
+        continue;
+      }
+      if ((!sameList(given, shape) && !(prod(given) === 1 && prod(shape) === 1)) || data.length !== prod(shape)) {
+        problems.push(`${repr(key)} expected shape ${fmtShape(shape)} but got ${fmtShape(given)}`);
+        continue;
+      }
+      v = Array.from(data, Number);
+      if (!v.every(Number.isFinite)) problems.push(`${repr(key)} holds NaN or infinite values`);
+      values[key] = v;
+    }
+    if (problems.length) throw new GlcompError(`load_state_dict into ${owner}: ${problems.join("; ")} (nothing was loaded)`);
+    for (const [k, v] of Object.entries(values)) {
+      if (Object.hasOwn(this.counters, k)) this.counters[k] = Math.trunc(v[0]);
+      else this._uploadState(k, Float32Array.from(v));
+    }
+  }
+
+  /** Load parameters, float buffers and counters (all of them, shapes checked, finite): an
+   *  object of name -> {shape, data} / typed array / nested array, or a safetensors ArrayBuffer. */
+  setWeights(state) {
+    this._alive();
+    if (state instanceof ArrayBuffer || ArrayBuffer.isView(state)) state = parseSafetensors(state, "weights");
+    if (!isObj(state)) throw new GlcompError("setWeights: expected an object of name -> array");
+    this._loadAll(state, this._weightShapes(false), "runtime");
+  }
+
+  /** The weights as a safetensors file (float32 tensors, int64 counters). With `optimizer`,
+   *  optimizer state too: a complete weights.safetensors for the bundle. */
+  exportSafetensors({ optimizer = false } = {}) {
+    const w = this.getWeights({ optimizer });
+    const tensors = {};
+    for (const [k, t] of Object.entries(w)) tensors[k] = { dtype: t.dtype === "int64" ? "I64" : "F32", shape: t.shape, data: t.data };
+    return writeSafetensors(tensors);
+  }
+
+  _signature() {
+    const m = this.manifest;
+    return JSON.stringify([Object.keys(m.states).sort().map((k) => [k, m.states[k].role, m.states[k].layout.shape]),
+      Object.keys(m.counters).sort()]);
+  }
+
+  /** Save everything that training changes (weights, optimizer state, counters, lr) in IndexedDB. */
+  async saveToIndexedDB(key, { dbName = "glcomp" } = {}) {
+    const record = { format: "glcomp-weights", signature: this._signature(), lr: this.hyper.lr,
+      weights: this.exportSafetensors({ optimizer: true }), saved: Date.now() };
+    await idb(dbName, "readwrite", (store) => store.put(record, key));
+  }
+
+  /** Restore what saveToIndexedDB stored; resolves to false when nothing is stored under `key`. */
+  async loadFromIndexedDB(key, { dbName = "glcomp" } = {}) {
+    const record = await idb(dbName, "readonly", (store) => store.get(key));
+    if (record === undefined) return false;
+    if (!isObj(record) || record.format !== "glcomp-weights" || !(record.weights instanceof ArrayBuffer)) {
+      throw new GlcompError(`IndexedDB ${repr(key)}: not a glcomp weights record`);
+    }
+    if (record.signature !== this._signature()) {
+      throw new GlcompError(`IndexedDB ${repr(key)}: saved from a bundle with different states`);
+    }
+    this._alive();
+    this._loadAll(parseSafetensors(record.weights, `IndexedDB ${key}`), this._weightShapes(true), "runtime");
+    if (typeof record.lr === "number") this.hyper.lr = record.lr;
+    return true;
+  }
+
+  /** Delete every GL object this runtime created. Pending readbacks reject. */
+  dispose() {
+    if (this._disposed) return;
+    this._disposed = true;
+    const gl = this.gl;
+    if (gl) {
+      for (const obj of [...this._live]) {
+        const kind = obj.__glcompKind;
+        if (kind === "textures") gl.deleteTexture(obj);
+        else if (kind === "framebuffers") gl.deleteFramebuffer(obj);
+        else if (kind === "programs") gl.deleteProgram(obj);
+        else if (kind === "shaders") gl.deleteShader(obj);
+        else if (kind === "buffers") gl.deleteBuffer(obj);
+        else if (kind === "syncs") gl.deleteSync(obj);
+        this._untrack(obj);
+      }
+      this.canvas?.removeEventListener?.("webglcontextlost", this._onLost);
+      if (this._ownCanvas && this.options.loseContext !== false) gl.getExtension("WEBGL_lose_context")?.loseContext();
+    }
+    this.textures.clear();
+    this.programs.clear();
+    this._fbos.clear();
+    this._readFbos.clear();
+  }
+}
+
+function idb(dbName, mode, op) {
+  return new Promise((resolve, reject) => {
+    if (typeof indexedDB === "undefined") {
+      reject(new GlcompError("IndexedDB is not available here"));
+      return;
+    }
+    const open = indexedDB.open(dbName, 1);
+    open.onupgradeneeded = () => open.result.createObjectStore("weights");
+    open.onerror = () => reject(new GlcompError(`IndexedDB: ${open.error}`));
+    open.onsuccess = () => {
+      const db = open.result;
+      const tx = db.transaction("weights", mode);
+      const req = op(tx.objectStore("weights"));
+      tx.oncomplete = () => { db.close(); resolve(req.result); };
+      tx.onerror = () => { db.close(); reject(new GlcompError(`IndexedDB: ${tx.error}`)); };
+      tx.onabort = () => { db.close(); reject(new GlcompError(`IndexedDB: ${tx.error}`)); };
+    };
+  });
+}
