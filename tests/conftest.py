@@ -19,6 +19,8 @@ import glcomp
 from glcomp import nn, optim
 from glcomp.errors import GlcompError
 
+pytest_plugins = ["pytester"]  # test_gl_errors checks that GL tests fail (not skip) without GL
+
 DIALECTS = ("webgl2", "webgl1")
 
 
@@ -83,6 +85,9 @@ class ModelCase:
     loss: Callable[[], nn.Module]
     classes: int | None  # class labels for CrossEntropyLoss, None for a float target
     out_shape: tuple[int, ...]
+    # Target limits small enough that some tensors span several texture pages and loops split,
+    # yet large enough that no kernel needs more than 16 texture units.
+    shrunk: dict[str, int]
 
     def batch(self, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -93,9 +98,7 @@ class ModelCase:
             y = rng.normal(size=self.out_shape).astype(np.float32)
         return feeds, y
 
-    def compile(
-        self, target: str, optimizer: optim.Optimizer | None = None, **limits: Any
-    ) -> glcomp.Program:
+    def compile(self, target: str, optimizer: optim.Optimizer | None = None, **limits: Any) -> glcomp.Program:
         glcomp.manual_seed(7)
         model = self.build()
         return glcomp.compile(
@@ -140,9 +143,26 @@ MODELS: dict[str, ModelCase] = {
             nn.CrossEntropyLoss,
             3,
             (6, 3),
+            {"max_texture_size": 2, "max_loop_iterations": 4},
         ),
-        ModelCase("cnn", _cnn, {"x": (4, 1, 8, 8)}, nn.CrossEntropyLoss, 3, (4, 3)),
-        ModelCase("lstm", LastStep, {"x": (4, 3, 3)}, nn.MSELoss, None, (4, 2)),
+        ModelCase(
+            "cnn",
+            _cnn,
+            {"x": (4, 1, 8, 8)},
+            nn.CrossEntropyLoss,
+            3,
+            (4, 3),
+            {"max_texture_size": 8, "max_loop_iterations": 4},
+        ),
+        ModelCase(
+            "lstm",
+            LastStep,
+            {"x": (4, 3, 3)},
+            nn.MSELoss,
+            None,
+            (4, 2),
+            {"max_texture_size": 4, "max_loop_iterations": 4},
+        ),
         ModelCase(
             "activations",
             lambda: nn.Sequential(
@@ -152,9 +172,16 @@ MODELS: dict[str, ModelCase] = {
             nn.MSELoss,
             None,
             (5, 2),
+            {"max_texture_size": 2, "max_loop_iterations": 4},
         ),
     ]
 }
+
+
+@pytest.fixture(scope="session")
+def models() -> dict[str, ModelCase]:
+    """The test models by name."""
+    return MODELS
 
 
 @pytest.fixture(scope="session", params=sorted(MODELS))

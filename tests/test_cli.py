@@ -1,10 +1,15 @@
-"""The ``glcomp`` command line through ``glcomp.cli.main``: info, compile, run, train and errors."""
+"""The ``glcomp`` command line through ``glcomp.cli.main``: info, compile, run, train and errors.
+
+Tests that need OpenGL ask for the shared `gl_ctx` fixture (tests/conftest.py), which fails rather
+than skips when no context can be created; the CLI itself opens contexts of its own.
+"""
 
 from __future__ import annotations
 
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,19 +58,6 @@ def build():
 """
 
 
-def _gl_available() -> bool:
-    try:
-        from glcomp.runtime.gl import create_context
-
-        create_context().release()
-    except glcomp.GlcompError:
-        return False
-    return True
-
-
-gl = pytest.mark.skipif(not _gl_available(), reason="no OpenGL context (install Mesa EGL/llvmpipe)")
-
-
 @pytest.fixture
 def model_file(tmp_path: Path) -> Path:
     path = tmp_path / "tiny_model.py"
@@ -81,8 +73,7 @@ def _error(capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
-@gl
-def test_info(capsys: pytest.CaptureFixture[str]) -> None:
+def test_info(gl_ctx: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     for label in ("GL renderer", "GL version", "max texture size", "max draw buffers", "texture units"):
@@ -93,8 +84,9 @@ def test_info(capsys: pytest.CaptureFixture[str]) -> None:
     assert info["max_texture_size"] >= 1024 and isinstance(info["float_render_targets"], bool)
 
 
-@gl
-def test_compile_and_run(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_compile_and_run(
+    gl_ctx: Any, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "bundle"
     args = ["compile", f"{model_file}:net", "-o", str(out), "--input", "x=8,4"]
     assert main([*args, "--loss", "cross_entropy", "--optimizer", "adam", "--lr", "0.05"]) == 0
@@ -119,8 +111,7 @@ def test_compile_and_run(model_file: Path, tmp_path: Path, capsys: pytest.Captur
     np.testing.assert_allclose(y13[8:], (x @ w.T + b)[:5], rtol=1e-5, atol=1e-5)
 
 
-@gl
-def test_compile_factory_webgl1_and_overwrite_bundle(model_file: Path, tmp_path: Path) -> None:
+def test_compile_factory_webgl1_and_overwrite_bundle(gl_ctx: Any, model_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "bundle"
     assert (
         main(["compile", f"{model_file}:make", "-o", str(out), "--input", "x=2,4", "--target", "webgl1"]) == 0
@@ -186,8 +177,9 @@ def test_bad_input(
     assert expected in _error(capsys)
 
 
-@gl
-def test_run_errors(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_errors(
+    gl_ctx: Any, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "bundle"
     assert main(["compile", f"{model_file}:net", "-o", str(out), "--input", "x=2,4"]) == 0
     capsys.readouterr()
@@ -228,8 +220,12 @@ def test_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("runtime", [pytest.param("gl", marks=gl), "reference"])
-def test_train(runtime: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("runtime", [pytest.param("gl", marks=pytest.mark.gl), "reference"])
+def test_train(
+    runtime: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
+    if runtime == "gl":
+        request.getfixturevalue("gl_ctx")  # fails, never skips, without OpenGL
     from safetensors.numpy import load_file
 
     example = tmp_path / "tiny_example.py"
@@ -262,6 +258,11 @@ def test_train_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     example.write_text(EXAMPLE.replace('"inputs": {"x": (8, 4)}', '"inputs": {"x": (4, 4)}'))
     assert main(["train", str(example), "--out", str(tmp_path / "o")]) == 2
     assert "batch_size" in _error(capsys)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    assert main(["train", str(example), "--out", str(tmp_path / "mine")]) == 2
+    assert "refusing to write" in _error(capsys)
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
     example.write_text(textwrap.dedent("def build():\n    return {'model': 1}\n"))
     assert main(["train", str(example)]) == 2
     assert "returned no" in _error(capsys)

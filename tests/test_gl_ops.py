@@ -11,8 +11,11 @@ element reaches each gradient with a different weight.
 from __future__ import annotations
 
 import re
+import zlib
+from collections.abc import Callable
 from typing import Any
 
+import hypothesis
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +23,8 @@ from hypothesis import strategies as st
 
 import glcomp
 from glcomp import nn, optim
+from glcomp.codegen.bundle import build_bundle
+from glcomp.codegen.layout import layout_for
 from glcomp.errors import GlcompError
 from glcomp.ir.ops import REGISTRY, get_op
 from glcomp.ir.tensor import prim
@@ -30,14 +35,20 @@ OPS = sorted(name for name, op in REGISTRY.items() if op.kind != "source")
 SHRUNK = {"max_texture_size": 4, "max_loop_iterations": 4}
 
 
-def _settings(examples: int) -> settings:
-    return settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+def examples(count: int, *key: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Hypothesis with `count` examples from a fixed seed per `key` (op, dialect, test): runs are
+    reproducible, and each dialect still sees inputs of its own."""
+
+    def apply(test: Callable[..., None]) -> Callable[..., None]:
+        configured = settings(
+            max_examples=count,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )(test)
+        return hypothesis.seed(zlib.crc32("/".join(key).encode()))(configured)
+
+    return apply
 
 
 class OpModel(nn.Module):
@@ -70,9 +81,6 @@ def op_examples(draw: Any, op: str) -> tuple[OpCase, bool, int]:
     if op == "eq":  # distinct values would make eq always 0: share some between the operands
         a, b = case.inputs
         b = b.copy()
-        b.flat[:: draw(st.integers(2, 3))] = a.flat[:: 1][: b.size][:: 1][:: 1][:: 1][:: 1][:: 1][:: 1][:: 1][:: 1][
-            :: draw(st.integers(2, 3))
-        ] if False else b.flat[:]
         shared = np.zeros(b.size, bool)
         shared[:: draw(st.integers(2, 3))] = True
         b.flat[shared] = a.flat[shared]
@@ -89,14 +97,14 @@ def compile_case(case: OpCase, wrap: bool, target: str, **limits: Any) -> glcomp
     return glcomp.compile(model, inputs={"x": out_shape}, loss=loss, target=target, **limits)
 
 
-def feeds(prog: glcomp.Program, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
+def feeds(prog: glcomp.Program, rng_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(rng_seed)
     shape = prog.inputs["x"].shape
     return rng.uniform(0.5, 1.5, size=shape).astype(np.float32), rng.normal(size=shape).astype(np.float32)
 
 
-def assert_gl_matches_reference(prog: glcomp.Program, gl_runtime: Any, seed: int) -> None:
-    x, y = feeds(prog, seed)
+def assert_gl_matches_reference(prog: glcomp.Program, gl_runtime: Any, rng_seed: int) -> None:
+    x, y = feeds(prog, rng_seed)
     ref = prog.runtime("reference")
     with gl_runtime(prog) as gl:
         got, want = gl.predict(x=x), ref.predict(x=x)
@@ -113,53 +121,84 @@ def assert_gl_matches_reference(prog: glcomp.Program, gl_runtime: Any, seed: int
 # -- every op, both dialects ----------------------------------------------------------------------
 @pytest.mark.parametrize("op", OPS)
 def test_op_gl_matches_reference(op: str, dialect: str, gl_runtime: Any):
-    @_settings(6)
+    @examples(8, op, dialect, "default")
     @given(example=op_examples(op))
     def check(example: tuple[OpCase, bool, int]) -> None:
-        case, wrap, seed = example
-        assert_gl_matches_reference(compile_case(case, wrap, dialect), gl_runtime, seed)
+        case, wrap, rng_seed = example
+        assert_gl_matches_reference(compile_case(case, wrap, dialect), gl_runtime, rng_seed)
 
     check()
+
+
+def split_limits(case: OpCase) -> dict[str, Any]:
+    """Loops of at most 4 iterations, and textures so small that the largest tensor of the case
+    spans several pages (up to 4: more would exceed 16 texture units in kernels reading several
+    such tensors); only a case whose tensors all fit 4 texels stays on one page."""
+    rule = get_op(case.op)
+    shapes = [*case.shapes, rule.shape(*case.shapes, **case.attrs)]
+    texels = max(layout_for(tuple(s), 1 << 12).texels for s in shapes)
+    size = 2
+    while 4 * size * size < texels:
+        size *= 2
+    return {"max_texture_size": size, "max_loop_iterations": 4}
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_op_with_split_textures_and_loops(op: str, dialect: str, gl_runtime: Any):
-    """4x4-texel textures (tensors split into pages) and loops of at most 4 iterations."""
+    """Tensors split into several texture pages and loops split into nested loops."""
 
-    @_settings(3)
+    @examples(2, op, dialect, "split")
     @given(example=op_examples(op))
     def check(example: tuple[OpCase, bool, int]) -> None:
-        case, wrap, seed = example
-        assert_gl_matches_reference(compile_case(case, wrap, dialect, **SHRUNK), gl_runtime, seed)
+        case, wrap, rng_seed = example
+        prog = compile_case(case, wrap, dialect, **split_limits(case))
+        assert_gl_matches_reference(prog, gl_runtime, rng_seed)
 
     check()
 
 
-_UNITS_ERROR = re.compile(r"reads (\d+) texture pages, more than the target's (\d+) texture units")
+_UNITS_ERROR = re.compile(
+    r"kernel for %(\d+) reads (\d+) texture pages, more than the target's (\d+) texture units"
+)
+UNITS = 2
+
+
+def unavoidable(prog: glcomp.Program, err: GlcompError) -> bool:
+    """Whether the planner's refusal is justified: the node it names reads, from its own operands
+    alone (nothing left to store separately), as many texture pages as the message says, and
+    that is more than the target's units."""
+    found = _UNITS_ERROR.search(str(err))
+    if not found:
+        return False
+    node, pages, units = (int(v) for v in found.groups())
+    size = prog.options.get("max_texture_size", 4096)
+    for graph in prog.graphs.values():
+        if node in graph.g:
+            operands = {o for o in graph.operands(node) if graph.op(o) != "const"}
+            if sum(layout_for(graph.shape(o), size).pages for o in operands) == pages > units == UNITS:
+                return True
+    return False
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_op_with_few_texture_units(op: str, dialect: str, gl_runtime: Any):
-    """With 3 texture units the planner stores fused operands until every kernel fits, or, when
-    one op alone reads more textures than that, says so."""
+    """With 2 texture units the planner stores fused operands until every kernel fits; only an op
+    that reads more than 2 textures by itself (concat of 3) is refused, with a clear message."""
 
-    @_settings(3)
+    @examples(2, op, dialect, "units")
     @given(example=op_examples(op))
     def check(example: tuple[OpCase, bool, int]) -> None:
-        case, wrap, seed = example
+        case, wrap, rng_seed = example
+        prog = compile_case(case, wrap, dialect, max_texture_units=UNITS)
         try:
-            prog = compile_case(case, wrap, dialect, max_texture_units=3)
-            with gl_runtime(prog) as gl:  # lowering happens here
-                draws = [d for e in gl.manifest["entries"].values() for d in e["draws"]]
+            manifest = build_bundle(prog).manifest  # lowering (and planning) happens here
+            draws = [d for e in manifest["entries"].values() for d in e["draws"]]
         except GlcompError as err:
-            found = _UNITS_ERROR.search(str(err))
-            assert found, f"unexpected error: {err}"
-            assert int(found.group(1)) > int(found.group(2)) == 3
-            # Only an op with more than 3 operands' worth of texture pages may be refused.
-            assert len(case.inputs) + wrap > 3 or case.op in ("concat",) or "[grad]" in str(err), str(err)
+            assert unavoidable(prog, err), f"refused without cause: {err}"
+            assert "(OpModel)" in str(err)  # names the model part
             return
-        assert all(len(d["samplers"]) <= 3 for d in draws)
-        assert_gl_matches_reference(prog, gl_runtime, seed)
+        assert all(len(d["samplers"]) <= UNITS for d in draws)
+        assert_gl_matches_reference(prog, gl_runtime, rng_seed)
 
     check()
 
@@ -188,7 +227,11 @@ def test_planner_stores_fused_operands_to_fit_texture_units(dialect: str, gl_run
     draws = {}
     for units in (16, 2):
         prog = glcomp.compile(
-            Tree(), inputs={"x": (3, 5)}, loss=nn.MSELoss(), optimizer=optim.SGD(lr=0.1), target=dialect,
+            Tree(),
+            inputs={"x": (3, 5)},
+            loss=nn.MSELoss(),
+            optimizer=optim.SGD(lr=0.1),
+            target=dialect,
             max_texture_units=units,
         )
         ref = prog.runtime("reference")
@@ -220,7 +263,9 @@ def test_too_few_texture_units_is_a_clear_error(dialect: str, gl_runtime: Any):
             return glcomp.cat([self.a, self.b, self.c], dim=1) + x
 
     prog = glcomp.compile(Cat(), inputs={"x": (2, 9)}, target=dialect, max_texture_units=2)
-    with pytest.raises(GlcompError, match=r"\(Cat\).*reads 3 texture pages, more than the target's 2 texture units"):
+    with pytest.raises(
+        GlcompError, match=r"\(Cat\).*reads 3 texture pages, more than the target's 2 texture units"
+    ):
         with gl_runtime(prog):
             pass
 
@@ -229,7 +274,11 @@ def test_split_textures_and_loops_are_exercised(dialect: str, gl_runtime: Any):
     """A matmul over K=10 with 4-iteration loops and 4x4 textures: the output (9x9) spans several
     pages and the loop is split into nested loops; the results still match."""
     rng = np.random.default_rng(3)
-    case = OpCase("matmul", (rng.normal(size=(9, 10)).astype(np.float32), rng.normal(size=(10, 9)).astype(np.float32)), {})
+    case = OpCase(
+        "matmul",
+        (rng.normal(size=(9, 10)).astype(np.float32), rng.normal(size=(10, 9)).astype(np.float32)),
+        {},
+    )
     prog = compile_case(case, False, dialect, **SHRUNK)
     with gl_runtime(prog) as gl:
         draws = _draws(gl.manifest, "predict")

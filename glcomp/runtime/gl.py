@@ -133,6 +133,7 @@ class GLRuntime:
         self._vbo = self.ctx.buffer(_QUAD.tobytes())
         self.programs: dict[str, Any] = {}
         self.vaos: dict[str, Any] = {}
+        self._fbos: dict[tuple[int, ...], Any] = {}
         vert = bundle.shaders[m["vertex_shader"]]
         kernel_of = {d["program"]: d["kernel"] for e in m["entries"].values() for d in e["draws"]}
         for pid, p in m["programs"].items():
@@ -143,7 +144,6 @@ class GLRuntime:
                 raise _compile_error(kernel_of.get(pid, pid), frag, err) from None
             self.programs[pid] = prog
             self.vaos[pid] = self.ctx.vertex_array(prog, [(self._vbo, "2f", "a_position")])
-        self._fbos: dict[tuple[int, ...], Any] = {}
         for name in m["states"]:
             self._upload_state(name, bundle.weights[name])
 

@@ -1,0 +1,744 @@
+"""The browser runtime (glcomp/runtime/js/glcomp.js) in headless Chromium, against the moderngl runtime.
+
+Chromium renders WebGL with SwiftShader (a CPU implementation), so these tests need no GPU, only
+the Debian `chromium` package and the `playwright` Python package (its own browser downloads are
+not used). They fail, never skip, when Chromium is missing.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import glcomp
+from glcomp import nn, optim
+from glcomp.codegen.bundle import load_bundle
+from glcomp.errors import GlcompError
+from glcomp.runtime.feeds import check_feeds
+from glcomp.serve import add_serve_command, cmd_serve, export_data, make_server
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--use-angle=swiftshader",
+    "--enable-unsafe-swiftshader",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+RTOL, ATOL = 1e-4, 1e-5
+STEPS = 20
+
+# Counts WebGL objects at the API level (created minus deleted), independently of the runtime's
+# own bookkeeping, so the dispose test sees anything the runtime forgot to track.
+COUNT_GL_OBJECTS = """
+(() => {
+  const live = {};
+  window.__glLive = live;
+  const pairs = { createTexture: "deleteTexture", createFramebuffer: "deleteFramebuffer",
+    createProgram: "deleteProgram", createShader: "deleteShader", createBuffer: "deleteBuffer",
+    createRenderbuffer: "deleteRenderbuffer", createVertexArray: "deleteVertexArray",
+    fenceSync: "deleteSync", createQuery: "deleteQuery", createSampler: "deleteSampler" };
+  for (const proto of [WebGLRenderingContext.prototype, WebGL2RenderingContext.prototype]) {
+    for (const [make, drop] of Object.entries(pairs)) {
+      if (!proto[make]) continue;
+      const create = proto[make];
+      const del = proto[drop];
+      proto[make] = function (...args) {
+        const obj = create.apply(this, args);
+        if (obj) { live[make] = (live[make] || 0) + 1; obj.__testKind = make; }
+        return obj;
+      };
+      proto[drop] = function (obj) {
+        if (obj && obj.__testKind === make && !obj.__testDeleted) {
+          obj.__testDeleted = true;
+          live[make] -= 1;
+        }
+        return del.call(this, obj);
+      };
+    }
+  }
+})();
+"""
+
+
+# -- models ------------------------------------------------------------------------------------------
+def _mlp(target: str) -> glcomp.Program:
+    glcomp.manual_seed(3)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 5))
+    return glcomp.compile(model, inputs={"x": (8, 20)}, loss=nn.CrossEntropyLoss(),
+                          optimizer=optim.SGD(lr=0.1, momentum=0.9), target=target)
+
+
+def _cnn(target: str) -> glcomp.Program:
+    glcomp.manual_seed(4)
+    # no conv bias before BatchNorm: its gradient is rounding noise that Adam would amplify
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 4 * 4, 3),
+    )
+    return glcomp.compile(model, inputs={"x": (4, 1, 8, 8)}, loss=nn.CrossEntropyLoss(),
+                          optimizer=optim.Adam(lr=1e-2), target=target)
+
+
+class _LastStep(nn.Module):
+    """LSTM, last time step, Linear head: its backward sums over time steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 5, batch_first=True)
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, x: Any) -> Any:
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+def _lstm_blend(target: str) -> glcomp.Program:
+    """With transposes pushed down and MRT off, the compiler sums the recurrent weight's gradient
+    with additive blending (draws with "blend": true) where the target blends float textures."""
+    glcomp.manual_seed(5)
+    return glcomp.compile(_LastStep(), inputs={"x": (4, 4, 3)}, loss=nn.CrossEntropyLoss(),
+                          optimizer=optim.Adam(lr=1e-2), target=target,
+                          passes={"pushdown": True, "mrt": False})
+
+
+MODELS = {
+    "mlp": (_mlp, (8, 20), 5),
+    "cnn": (_cnn, (4, 1, 8, 8), 3),
+    "lstm_blend": (_lstm_blend, (4, 4, 3), 2),
+}
+CASES = [(m, t) for m in ("mlp", "cnn") for t in ("webgl2", "webgl1")] + [("lstm_blend", "webgl2")]
+
+
+def _batches(model: str, seed: int = 0, count: int = STEPS + 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    _, shape, classes = MODELS[model]
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=shape).astype(np.float32), rng.integers(0, classes, size=shape[0]))
+            for _ in range(count)]
+
+
+def _save(prog: glcomp.Program, directory: Path) -> Path:
+    """Write a bundle and check glcomp's own loader accepts it (the browser must too)."""
+    prog.save(directory)
+    problem = None
+    try:
+        load_bundle(directory)
+    except GlcompError as err:
+        problem = str(err)
+    if problem is not None:
+        pytest.fail(f"prog.save() wrote a bundle that glcomp.codegen.bundle.load_bundle rejects, so the "
+                    f"browser must reject it too; fix the bundle writer: {problem}", pytrace=False)
+    return directory
+
+
+# -- fixtures ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.fail("the browser tests need Chromium: `chromium` is not on PATH (Debian: apt-get install "
+                    "chromium). They fail rather than skip so that a run without the browser runtime "
+                    "never passes.", pytrace=False)
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as err:
+        pytest.fail(f"the browser tests need the playwright package (pip install playwright): {err}",
+                    pytrace=False)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Site:
+    """A directory of bundles served (with the runtime) on 127.0.0.1 by glcomp.serve's server."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.server = make_server(root)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    s = Site(tmp_path_factory.mktemp("site"))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def page(browser: Any, site: Site) -> Iterator[Any]:
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.add_init_script(COUNT_GL_OBJECTS)
+    errors: list[str] = []
+    pg.on("pageerror", lambda err: errors.append(str(err)))
+    # WebGL errors and performance warnings reach the console only
+    pg.on("console", lambda msg: errors.append(msg.text) if "GL" in msg.text or "warning" in msg.text
+          else None)
+    pg.goto(site.url + "glcomp.js")  # any same-origin document will do to import the module
+    pg.errors = errors
+    yield pg
+    context.close()
+
+
+def _js(page: Any, body: str, arg: Any = None) -> Any:
+    """Run an async function body with `g` (the glcomp module) and `arg` in scope."""
+    return page.evaluate(f"async (arg) => {{ const g = await import('/glcomp.js'); {body} }}", arg)
+
+
+# -- parity with the moderngl runtime ----------------------------------------------------------------
+PARITY_JS = """
+const { batches, base, split } = arg;
+const rt = await g.Runtime.load(base, { quiet: true });
+const feed = (i) => ({ x: batches[i][0], y: batches[i][1] });
+const pred = await rt.predict({ x: batches[0][0] });
+const grads = await rt.gradients(feed(0));
+const losses = [];
+for (let i = 0; i < split; i++) losses.push(await rt.trainStep(feed(i + 1)));
+const rest = await rt.train({ steps: batches.length - 1 - split, batches: (i) => feed(split + 1 + i),
+  inflight: 3 });
+losses.push(...rest);
+const after = await rt.predict({ x: batches[0][0] });
+const w = rt.getWeights();
+const weights = Object.fromEntries(Object.entries(w).map(([k, t]) => [k, { shape: t.shape, dtype: t.dtype,
+  data: Array.from(t.data, Number) }]));
+const info = rt.info();
+const drawCalls = rt.drawCalls;
+rt.dispose();
+const flat = (v) => (typeof v === "number" ? v : Array.from(v.data));
+return { pred: Array.from(pred.data), predShape: pred.shape, after: Array.from(after.data), losses, weights,
+  info, drawCalls, grads: Object.fromEntries(Object.entries(grads).map(([k, v]) => [k, flat(v)])),
+  own: rt.liveObjects(), api: { ...window.__glLive } };
+"""
+
+
+@pytest.mark.parametrize(("model", "target"), CASES, ids=[f"{m}-{t}" for m, t in CASES])
+def test_matches_moderngl_runtime(page: Any, site: Site, gl_runtime: Any, model: str, target: str) -> None:
+    prog = MODELS[model][0](target)
+    name = f"{model}_{target}"
+    _save(prog, site.root / name)
+    batches = _batches(model)
+    with gl_runtime(prog) as rt:
+        x0, y0 = batches[0]
+        want_pred = rt.predict(x=x0)
+        want_grads = rt.gradients(x=x0, y=y0)
+        want_loss = float(rt.run("gradients", {"x": x0, "y": y0}, read=["loss"])["loss"])
+        want_losses = [rt.train_step(x=x, y=y) for x, y in batches[1:]]
+        want_after = rt.predict(x=x0)
+        want_state = rt.state_dict()
+    arg = {"base": f"/bundle/{name}/", "split": 10,
+           "batches": [[x.ravel().tolist(), y.tolist()] for x, y in batches]}
+    got = _js(page, PARITY_JS, arg)
+    assert got["info"]["webgl"] == (2 if target == "webgl2" else 1)
+    assert got["info"]["readback"] == ("async" if target == "webgl2" else "sync")
+    assert tuple(got["predShape"]) == want_pred.shape
+    np.testing.assert_allclose(np.reshape(got["pred"], want_pred.shape), want_pred, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got["grads"]["loss"], want_loss, rtol=RTOL, atol=ATOL)
+    assert sorted(got["grads"]) == sorted([*want_grads, "loss"])
+    for k, v in want_grads.items():
+        np.testing.assert_allclose(np.reshape(got["grads"][k], v.shape), v, rtol=RTOL, atol=ATOL, err_msg=k)
+    np.testing.assert_allclose(got["losses"], want_losses, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(np.reshape(got["after"], want_after.shape), want_after, rtol=RTOL, atol=ATOL)
+    assert sorted(got["weights"]) == sorted(want_state)
+    for k, v in want_state.items():
+        w = got["weights"][k]
+        assert tuple(w["shape"]) == v.shape, k
+        np.testing.assert_allclose(np.reshape(w["data"], v.shape), v, rtol=RTOL, atol=ATOL, err_msg=k)
+        assert w["dtype"] == ("int64" if np.issubdtype(v.dtype, np.integer) else "float32"), k
+    entries = json.loads((site.root / name / "manifest.json").read_text())["entries"]
+    if model == "lstm_blend":
+        blended = sum(bool(d.get("blend")) for d in entries["train_step"]["draws"])
+        assert blended >= 2, "the compiler emitted no blend draws to test"
+    assert got["drawCalls"] == sum(len(entries[e]["draws"]) * n for e, n in
+                                   [("predict", 2), ("gradients", 1), ("train_step", STEPS)])
+    # dispose() leaves nothing behind, by the runtime's count and by the WebGL API's
+    assert got["own"] and not any(got["own"].values()), got["own"]
+    assert "createTexture" in got["api"] and not any(got["api"].values()), got["api"]
+    assert not page.errors
+
+
+# -- tampered bundles ---------------------------------------------------------------------------------
+def _first_draw(m: dict[str, Any]) -> dict[str, Any]:
+    return m["entries"]["predict"]["draws"][0]
+
+
+def _mutate_alias(m: dict[str, Any]) -> None:
+    d = _first_draw(m)
+    d["samplers"][sorted(d["samplers"])[0]] = d["targets"][0]
+
+
+def _mutate_texture_size(m: dict[str, Any]) -> None:
+    m["textures"][sorted(m["textures"])[0]]["width"] = 3
+
+
+def _mutate_state_texture(m: dict[str, Any]) -> None:
+    st = m["states"][sorted(m["states"])[0]]
+    st["textures"][1][0] = "nowhere"
+
+
+def _mutate_layout(m: dict[str, Any]) -> None:
+    m["states"][sorted(m["states"])[0]]["layout"]["texels"] += 1
+
+
+def _mutate_uniform_name(m: dict[str, Any]) -> None:
+    m["programs"][sorted(m["programs"])[0]]["samplers"].append("Bad-Name")
+
+
+def _mutate_shader_path(m: dict[str, Any]) -> None:
+    m["programs"][sorted(m["programs"])[0]]["fragment"] = "../../manifest.json"
+
+
+MANIFEST_TAMPERS = {
+    "version": (lambda m: m.update(version=2), "unknown format version"),
+    "format": (lambda m: m.update(format="something-else"), "format must be"),
+    "missing-field": (lambda m: m.pop("programs"), "missing fields"),
+    "alias": (_mutate_alias, "samples a texture it renders to"),
+    "texture-size": (_mutate_texture_size, "must be a power of two"),
+    "state-texture": (_mutate_state_texture, "refers to unknown texture"),
+    "layout": (_mutate_layout, "texels is wrong"),
+    "uniform-name": (_mutate_uniform_name, "bad uniform name"),
+    "shader-path": (_mutate_shader_path, "is not a plain file name"),
+    "program-ref": (lambda m: _first_draw(m).update(program="nope"), "unknown program"),
+    "blend": (lambda m: _first_draw(m).update(blend="yes"), "blend must be a boolean"),
+    "viewport": (lambda m: _first_draw(m).update(viewport=[1, 1]), "must all match the viewport"),
+    "entry": (lambda m: m["entries"].update(evaluate=m["entries"]["predict"]), "unknown entry points"),
+}
+
+
+def _tamper_weights(src: Path, dst: Path, how: str) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    w = load_file(str(src / "weights.safetensors"))
+    key = sorted(w)[0]
+    if how == "nan":
+        w[key] = w[key].copy()
+        w[key].flat[0] = np.nan
+    elif how == "shape":
+        w[key] = np.zeros((*w[key].shape, 2), np.float32)
+    elif how == "missing":
+        del w[key]
+    if how == "truncated":
+        (dst / "weights.safetensors").write_bytes((src / "weights.safetensors").read_bytes()[:40])
+    elif how == "header":
+        raw = bytearray((src / "weights.safetensors").read_bytes())
+        raw[0:8] = (10**9).to_bytes(8, "little")
+        (dst / "weights.safetensors").write_bytes(bytes(raw))
+    else:
+        save_file(w, str(dst / "weights.safetensors"))
+
+
+WEIGHT_TAMPERS = {
+    "nan": "NaN or infinite",
+    "shape": "has shape",
+    "missing": "missing [",
+    "truncated": "unreadable",
+    "header": "unreadable",
+}
+
+
+def test_tampered_bundles_are_rejected(page: Any, site: Site) -> None:
+    good = _save(_mlp("webgl2"), site.root / "good")
+    cases: dict[str, str] = {}
+    for case, (mutate, expect) in MANIFEST_TAMPERS.items():
+        d = site.root / f"bad_{case}"
+        shutil.copytree(good, d)
+        m = json.loads((good / "manifest.json").read_text())
+        mutate(m)
+        (d / "manifest.json").write_text(json.dumps(m))
+        cases[case] = expect
+    for case, expect in WEIGHT_TAMPERS.items():
+        d = site.root / f"bad_{case}"
+        shutil.copytree(good, d)
+        _tamper_weights(good, d, case)
+        cases[case] = expect
+    d = site.root / "bad_no-shader"
+    shutil.copytree(good, d)
+    (d / "shaders" / "p0.frag").unlink()
+    cases["no-shader"] = "'p0.frag' is missing"
+    d = site.root / "bad_no-weights"
+    shutil.copytree(good, d)
+    (d / "weights.safetensors").unlink()
+    cases["no-weights"] = "weights.safetensors is missing"
+
+    # glcomp's own loader rejects every one of them too
+    for case in cases:
+        with pytest.raises(GlcompError):
+            load_bundle(site.root / f"bad_{case}")
+
+    got = _js(page, """
+      const out = {};
+      for (const c of arg.cases) {
+        try { const rt = await g.Runtime.load(`/bundle/bad_${c}/`); rt.dispose(); out[c] = null; }
+        catch (err) { out[c] = `${err.name}: ${err.message}`; }
+      }
+      const ok = await g.Runtime.load('/bundle/good/', { quiet: true });
+      ok.dispose();
+      return { out, live: { ...window.__glLive } };
+    """, {"cases": sorted(cases)})
+    for case, expect in cases.items():
+        msg = got["out"][case]
+        assert msg is not None, f"{case}: the browser accepted a tampered bundle"
+        assert msg.startswith("GlcompError: "), f"{case}: {msg}"
+        assert expect in msg, f"{case}: {msg!r} does not mention {expect!r}"
+    assert not any(got["live"].values()), got["live"]  # rejected bundles leave no GL objects behind
+
+
+def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
+    """A bundle given as File objects (a picked folder), and input checks that match feeds.py."""
+    d = _save(_mlp("webgl2"), site.root / "files")
+    files = {"manifest.json": (d / "manifest.json").read_text(),
+             "weights.safetensors": base64.b64encode((d / "weights.safetensors").read_bytes()).decode()}
+    shaders = {p.name: p.read_text() for p in (d / "shaders").iterdir()}
+    x, y = _batches("mlp", seed=5, count=1)[0]
+    bad_feeds = {
+        "labels-range": {"x": x.tolist(), "y": [7] * 8},
+        "labels-negative": {"x": x.tolist(), "y": [-1] + [0] * 7},
+        "labels-float": {"x": x.tolist(), "y": [0.5] * 8},
+        "shape": {"x": x[:7].tolist(), "y": y.tolist()},
+        "nan": {"x": [[float("nan")] * 20] * 8, "y": y.tolist()},
+        "unknown": {"x": x.tolist(), "y": y.tolist(), "z": [1]},
+        "missing": {"x": x.tolist()},
+    }
+    got = _js(page, """
+      const bytes = Uint8Array.from(atob(arg.files["weights.safetensors"]), (c) => c.charCodeAt(0));
+      const list = [new File([arg.files["manifest.json"]], "manifest.json"),
+        new File([bytes], "weights.safetensors"),
+        ...Object.entries(arg.shaders).map(([n, s]) => new File([s], n))];
+      const rt = await g.Runtime.load(list, { quiet: true });
+      const out = {};
+      for (const [name, feeds] of Object.entries(arg.bad)) {
+        try { await rt.trainStep(feeds); out[name] = null; } catch (err) { out[name] = err.message; }
+      }
+      // typed arrays of the right length are accepted as the manifest's shape
+      const pred = await rt.predict({ x: Float32Array.from(arg.x.flat()) });
+      const loss = await rt.trainStep({ x: arg.x, y: Int32Array.from(arg.y) });
+      let missingShader = null;
+      try {
+        await g.Runtime.load(list.filter((f) => f.name !== "p0.frag"));
+      } catch (err) {
+        missingShader = err.message;
+      }
+      rt.dispose();
+      return { out, pred: Array.from(pred.data), loss, missingShader };
+    """, {"files": files, "shaders": shaders, "bad": bad_feeds, "x": x.tolist(), "y": y.tolist()})
+    specs = json.loads(files["manifest.json"])["inputs"]
+    for name, feeds in bad_feeds.items():
+        with pytest.raises(GlcompError) as err:
+            check_feeds("train_step", specs, feeds)
+        assert got["out"][name] == str(err.value), name
+    ref = _mlp("webgl2").runtime("reference")
+    np.testing.assert_allclose(np.reshape(got["pred"], (8, 5)), ref.predict(x=x), rtol=RTOL, atol=ATOL)
+    assert np.isfinite(got["loss"])
+    assert "'p0.frag' is missing" in got["missingShader"]
+
+
+def test_export_indexeddb_and_set_weights(page: Any, site: Site) -> None:
+    from safetensors.numpy import load as load_safetensors
+
+    _save(_cnn("webgl2"), site.root / "persist")
+    batches = _batches("cnn", seed=9, count=6)
+    got = _js(page, """
+      const rt = await g.Runtime.load('/bundle/persist/', { quiet: true, readback: "sync" });
+      const feed = (i) => ({ x: arg.batches[i][0], y: arg.batches[i][1] });
+      await rt.train({ steps: 3, batches: [0, 1, 2].map(feed) });
+      const exported = rt.exportSafetensors();
+      const weights = Object.fromEntries(Object.entries(rt.getWeights())
+        .map(([k, t]) => [k, Array.from(t.data, Number)]));
+      await rt.saveToIndexedDB("digits");
+      const saved = Array.from((await rt.predict({ x: arg.batches[5][0] })).data);
+      const lossBefore = await rt.trainStep(feed(3));
+      await rt.trainStep(feed(4));
+      const found = await rt.loadFromIndexedDB("digits");
+      const absent = await rt.loadFromIndexedDB("no-such-key");
+      const restored = Array.from((await rt.predict({ x: arg.batches[5][0] })).data);
+      const lossAgain = await rt.trainStep(feed(3));  // optimizer state came back too
+      rt.setWeights(exported);
+      const reset = Array.from((await rt.predict({ x: arg.batches[5][0] })).data);
+      const errors = [];
+      const first = Object.keys(rt.getWeights())[0];
+      const now = rt.getWeights();
+      for (const bad of [{}, { ...now, [first]: [1, 2, 3] }, { ...now, extra: [1] }]) {
+        try { rt.setWeights(bad); errors.push(null); } catch (err) { errors.push(err.message); }
+      }
+      const other = await g.Runtime.load('/bundle/persist/', { quiet: true });
+      const fresh = Array.from((await other.predict({ x: arg.batches[5][0] })).data);
+      await other.loadFromIndexedDB("digits");
+      const other2 = Array.from((await other.predict({ x: arg.batches[5][0] })).data);
+      rt.dispose();
+      other.dispose();
+      return { exported: Array.from(new Uint8Array(exported)), weights, saved, restored, reset, lossBefore,
+        lossAgain, found, absent, errors, fresh, other2 };
+    """, {"batches": [[x.ravel().tolist(), y.tolist()] for x, y in batches]})
+    tensors = load_safetensors(bytes(got["exported"]))
+    assert sorted(tensors) == sorted(got["weights"])
+    for k, v in tensors.items():
+        np.testing.assert_array_equal(v.ravel(), np.asarray(got["weights"][k], v.dtype), err_msg=k)
+    assert tensors["1.num_batches_tracked"].dtype == np.int64 and int(tensors["1.num_batches_tracked"]) == 3
+    assert got["found"] is True and got["absent"] is False
+    np.testing.assert_array_equal(got["restored"], got["saved"])
+    np.testing.assert_array_equal(got["reset"], got["saved"])
+    np.testing.assert_array_equal(got["other2"], got["saved"])
+    assert not np.allclose(got["fresh"], got["saved"])
+    assert got["lossAgain"] == got["lossBefore"]
+    assert "missing keys" in got["errors"][0]
+    assert "expected shape" in got["errors"][1]
+    assert "unexpected keys ['extra']" in got["errors"][2]
+
+
+# -- blending and missing capabilities ----------------------------------------------------------------
+_BLEND_FRAG = """#version 300 es
+// scale: 1.5 * x
+precision highp float;
+precision highp int;
+precision highp sampler2D;
+layout(location = 0) out vec4 glc_out0;
+uniform int u_page_offset;
+uniform sampler2D s_x;
+uniform float u_h0;
+void main() { glc_out0 = texelFetch(s_x, ivec2(gl_FragCoord.xy), 0) * (1.5 + u_h0); }
+"""
+
+
+def _blend_bundle(directory: Path) -> Path:
+    """A hand-written bundle: draw x * 1.5 into a texture, then add it again with blending."""
+    from glcomp.codegen.bundle import Bundle
+    from glcomp.codegen.layout import layout_for
+    from glcomp.codegen.render import vertex_shader
+    from glcomp.codegen.target import make_target
+
+    target = make_target("webgl2")
+    lay = layout_for((3, 8), target.max_texture_size).to_json()
+    size = {"width": lay["width"], "height": lay["height"]}
+    draw = {"kernel": "k0_scale", "program": "p0", "samplers": {"s_x": "t_in"},
+            "uniforms": {"u_h0": {"hyper": "lr"}}, "page_offset": 0, "targets": ["t_out"],
+            "viewport": [lay["width"], lay["height"]]}
+    manifest = {
+        "format": "glcomp-bundle", "version": 1, "target": target.to_json(),
+        "inputs": {"x": {"shape": [3, 8], "dtype": "float32", "layout": lay}},
+        "hyper": {"lr": 0.0}, "states": {}, "counters": {},
+        "textures": {"t_in": size, "t_out": dict(size)}, "vertex_shader": "quad.vert",
+        "programs": {"p0": {"fragment": "p0.frag", "samplers": ["s_x"], "uniforms": ["u_h0"], "outputs": 1}},
+        "entries": {"predict": {"inputs": {"x": ["t_in"]}, "updates": [],
+                                "outputs": {"output": {"layout": lay, "textures": ["t_out"]}},
+                                "draws": [draw, draw | {"blend": True}]}},
+        "memory": {"texture_bytes": 2 * 16 * lay["width"] * lay["height"], "textures": 2},
+    }
+    Bundle(manifest, {"quad.vert": vertex_shader(target), "p0.frag": _BLEND_FRAG}, {}).save(directory)
+    return directory
+
+
+def test_blend_draws_match_moderngl(page: Any, site: Site, gl_runtime: Any) -> None:
+    bundle = load_bundle(_blend_bundle(site.root / "blend"))
+    x = np.arange(24, dtype=np.float32).reshape(3, 8) - 5
+    with gl_runtime(bundle) as rt:
+        want = rt.predict(x=x)
+        rt.set_lr(0.5)
+        want_lr = rt.predict(x=x)
+    np.testing.assert_allclose(want, 3 * x)
+    got = _js(page, """
+      const rt = await g.Runtime.load('/bundle/blend/', { quiet: true });
+      const a = await rt.predict({ x: arg });
+      rt.setLr(0.5);
+      const b = await rt.predict({ x: arg });
+      rt.dispose();
+      return [Array.from(a.data), Array.from(b.data)];
+    """, x.tolist())
+    np.testing.assert_allclose(np.reshape(got[0], x.shape), want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(np.reshape(got[1], x.shape), want_lr, rtol=RTOL, atol=ATOL)
+
+
+HIDE = """
+(() => {
+  const hide = new Set(%s);
+  const limits = %s;
+  for (const proto of [WebGLRenderingContext.prototype, WebGL2RenderingContext.prototype]) {
+    const getExtension = proto.getExtension;
+    proto.getExtension = function (name) { return hide.has(name) ? null : getExtension.call(this, name); };
+    const getParameter = proto.getParameter;
+    proto.getParameter = function (p) {
+      for (const [k, v] of Object.entries(limits)) if (this[k] === p) return v;
+      return getParameter.call(this, p);
+    };
+  }
+})();
+"""
+
+
+@pytest.mark.parametrize(
+    ("target", "hidden", "limits", "expect"),
+    [
+        ("webgl2", ["EXT_color_buffer_float"], {}, ["EXT_color_buffer_float"]),
+        ("webgl2", [], {"MAX_TEXTURE_SIZE": 4}, ["texels per side (the limit here is 4)"]),
+        ("webgl2", [], {"MAX_DRAW_BUFFERS": 1}, ["draw buffers per draw call (this GPU has 1)"]),
+        ("webgl1", ["OES_texture_float", "WEBGL_draw_buffers"], {},
+         ["OES_texture_float", "WEBGL_draw_buffers (programs write"]),
+    ],
+    ids=["color-buffer-float", "texture-size", "draw-buffers", "webgl1-extensions"],
+)
+def test_missing_capabilities_are_reported(browser: Any, site: Site, target: str, hidden: list[str],
+                                           limits: dict[str, int], expect: list[str]) -> None:
+    name = f"caps_{target}"
+    if not (site.root / name).exists():
+        _save(_cnn(target), site.root / name)
+    context = browser.new_context()
+    try:
+        pg = context.new_page()
+        pg.add_init_script(HIDE % (json.dumps(hidden), json.dumps(limits)))
+        pg.goto(site.url + "glcomp.js")
+        msg = _js(pg, """
+          try { (await g.Runtime.load(arg, { quiet: true })).dispose(); return null; }
+          catch (err) { return err.message; }
+        """, f"/bundle/{name}/")
+    finally:
+        context.close()
+    assert msg is not None, "the runtime loaded without what it needs"
+    assert msg.startswith("this browser cannot run the bundle"), msg
+    for part in expect:
+        assert part in msg, msg
+    assert "SwiftShader" in msg and "software renderer" in msg, msg  # names the software renderer
+
+
+# -- the demo page ------------------------------------------------------------------------------------
+def test_demo_trains_digits(browser: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[:, None]
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(x))
+    x, y = x[order], y[order]
+    n = int(0.8 * len(x))
+    glcomp.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(8 * 4 * 4, 10))
+    prog = glcomp.compile(model, inputs={"x": (32, 1, 8, 8)}, loss=nn.CrossEntropyLoss(),
+                          optimizer=optim.Adam(lr=1e-2))
+    bundle = _save(prog, tmp_path / "digits")
+    server = make_server(bundle, data=(x[:n], y[:n], x[n:], y[n:]))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    context = browser.new_context(accept_downloads=True)
+    try:
+        pg = context.new_page()
+        errors: list[str] = []
+        pg.on("pageerror", lambda err: errors.append(str(err)))
+        start = time.perf_counter()
+        pg.goto(f"http://127.0.0.1:{server.server_address[1]}/?epochs=3&autostart=1")
+        steps = 3 * (n // 32)
+        try:
+            pg.wait_for_function("['done', 'error'].includes(window.glcompDemo?.status)", timeout=180_000)
+        except PlaywrightTimeout:
+            demo = pg.evaluate("window.glcompDemo")
+            pytest.fail(f"the demo did not finish in 180 s: status {demo['status']}, {demo['steps']} of "
+                        f"{steps} steps, {demo['msPerStep']} ms/step (a loaded machine?)", pytrace=False)
+        seconds = time.perf_counter() - start
+        demo = pg.evaluate("window.glcompDemo")
+        assert demo["status"] == "done", demo["error"]
+        assert demo["steps"] == len(demo["losses"]) == steps
+        print(f"\ndemo: {steps} steps + 3 evaluations in {seconds:.1f} s on {demo['info']['renderer']}; "
+              f"{demo['msPerStep']:.1f} ms/step, first step {demo['firstStepMs']:.0f} ms; "
+              f"test accuracy {demo['accuracies']}")
+        assert demo["accuracy"] >= 0.9, demo["accuracies"]
+        assert np.mean(demo["losses"][-10:]) < np.mean(demo["losses"][:10])
+        assert pg.locator("#accuracy").inner_text().startswith("test accuracy after epoch 3")
+        with pg.expect_download() as dl:
+            pg.click("#download")
+        path = dl.value.path()
+        from safetensors.numpy import load_file
+
+        weights = load_file(str(path))
+        assert sorted(weights) == sorted(prog.params)
+        assert not errors, errors
+    finally:
+        context.close()
+        server.shutdown()
+        server.server_close()
+
+
+# -- the server -----------------------------------------------------------------------------------------
+def _get(port: int, path: str, method: str = "GET", host: str | None = None) -> tuple[int, bytes, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.putrequest(method, path, skip_host=host is not None)
+    if host is not None:
+        conn.putheader("Host", host)
+    conn.endheaders()
+    res = conn.getresponse()
+    body = res.read()
+    conn.close()
+    return res.status, body, res.getheader("Content-Type") or ""
+
+
+def test_server_serves_only_the_bundle_and_the_runtime(tmp_path: Path) -> None:
+    bundle = tmp_path / "b"
+    _save(_mlp("webgl1"), bundle)
+    (tmp_path / "secret.json").write_text("{}")
+    (bundle / "link.json").symlink_to(tmp_path / "secret.json")
+    (bundle / ".hidden.json").write_text("{}")
+    (bundle / "notes.txt").write_text("x")
+    export_data(bundle, np.zeros((4, 2)), np.arange(4), np.zeros((2, 2)), np.arange(2))
+    server = make_server(bundle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        status, body, kind = _get(port, "/")
+        assert status == 200 and kind.startswith("text/html") and b"demo.js" in body
+        status, _, kind = _get(port, "/glcomp.js")
+        assert status == 200 and kind.startswith("text/javascript")
+        assert _get(port, "/bundle/manifest.json")[0] == 200
+        assert _get(port, "/bundle/shaders/p0.frag")[0] == 200
+        assert _get(port, "/bundle/data.safetensors")[0] == 200
+        assert _get(port, "/bundle/manifest.json", "HEAD")[0] == 200
+        for path in ["/bundle/../secret.json", "/bundle/%2e%2e/secret.json", "/bundle/..%2fsecret.json",
+                     "/bundle/shaders/../manifest.json", "/bundle/link.json", "/bundle/.hidden.json",
+                     "/bundle/notes.txt", "/bundle/", "/bundle", "/bundle/shaders", "/../serve.py",
+                     "/js/../../serve.py", "/%2e%2e/serve.py", "/bundle//etc/passwd", "/bundle/%00.json",
+                     "/glcomp.js/", "/nope.js", "//etc/passwd"]:
+            assert _get(port, path)[0] == 404, path
+        assert _get(port, "/glcomp.js", host="evil.example:80")[0] == 403
+        assert _get(port, "/glcomp.js", "POST")[0] == 501
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_serve_command_and_export_data(tmp_path: Path) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="glcomp")
+    sub = parser.add_subparsers(dest="command")
+    add_serve_command(sub)
+    args = parser.parse_args(["serve", str(tmp_path), "--port", "0"])
+    assert args.func is cmd_serve and args.port == 0 and args.data is None
+    path = export_data(tmp_path, np.ones((3, 1, 2, 2)), np.array([0, 1, 2]), np.ones((1, 1, 2, 2)), [1])
+    from safetensors.numpy import load_file
+
+    data = load_file(str(path))
+    assert data["x_train"].dtype == np.float32 and data["y_train"].dtype == np.int64
+    with pytest.raises(GlcompError, match="same number of samples"):
+        export_data(tmp_path, np.ones((3, 2)), np.arange(2), np.ones((1, 2)), [1])
+    with pytest.raises(GlcompError, match="NaN"):
+        export_data(tmp_path, np.full((2, 2), np.nan), np.arange(2), np.ones((1, 2)), [1])
+    with pytest.raises(GlcompError, match="not a directory"):
+        make_server(tmp_path / "missing")
