@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import http.server
-import shutil
 import threading
 import urllib.parse
 import webbrowser
@@ -221,8 +220,3 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--open", action="store_true", help="open the page in the default browser")
     p.set_defaults(func=cmd_serve)
     return p
-
-
-def chromium_path() -> str | None:
-    """The Chromium executable the browser tests and benchmark use, if installed."""
-    return shutil.which("chromium") or shutil.which("chromium-browser")
