@@ -38,9 +38,7 @@ _JS_SUFFIXES = (".html", ".js", ".css")
 _BUNDLE_SUFFIXES = (".json", ".frag", ".vert", ".safetensors")
 
 
-def export_data(
-    directory: str | Path, x_train: Any, y_train: Any, x_test: Any, y_test: Any
-) -> Path:
+def export_data(directory: str | Path, x_train: Any, y_train: Any, x_test: Any, y_test: Any) -> Path:
     """Write ``data.safetensors`` (x_* as float32, integer labels as int64) for the demo page."""
     from safetensors.numpy import save_file
 

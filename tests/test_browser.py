@@ -79,19 +79,35 @@ COUNT_GL_OBJECTS = """
 def _mlp(target: str) -> glcomp.Program:
     glcomp.manual_seed(3)
     model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 5))
-    return glcomp.compile(model, inputs={"x": (8, 20)}, loss=nn.CrossEntropyLoss(),
-                          optimizer=optim.SGD(lr=0.1, momentum=0.9), target=target)
+    return glcomp.compile(
+        model,
+        inputs={"x": (8, 20)},
+        loss=nn.CrossEntropyLoss(),
+        optimizer=optim.SGD(lr=0.1, momentum=0.9),
+        target=target,
+    )
 
 
 def _cnn(target: str) -> glcomp.Program:
     glcomp.manual_seed(4)
     # no conv bias before BatchNorm: its gradient is rounding noise that Adam would amplify
     model = nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 4 * 4, 3),
+        nn.Conv2d(1, 4, 3, padding=1, bias=False),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(4, 6, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(6 * 4 * 4, 3),
     )
-    return glcomp.compile(model, inputs={"x": (4, 1, 8, 8)}, loss=nn.CrossEntropyLoss(),
-                          optimizer=optim.Adam(lr=1e-2), target=target)
+    return glcomp.compile(
+        model,
+        inputs={"x": (4, 1, 8, 8)},
+        loss=nn.CrossEntropyLoss(),
+        optimizer=optim.Adam(lr=1e-2),
+        target=target,
+    )
 
 
 class _LastStep(nn.Module):
@@ -111,9 +127,14 @@ def _lstm_blend(target: str) -> glcomp.Program:
     """With transposes pushed down and MRT off, the compiler sums the recurrent weight's gradient
     with additive blending (draws with "blend": true) where the target blends float textures."""
     glcomp.manual_seed(5)
-    return glcomp.compile(_LastStep(), inputs={"x": (4, 4, 3)}, loss=nn.CrossEntropyLoss(),
-                          optimizer=optim.Adam(lr=1e-2), target=target,
-                          passes={"pushdown": True, "mrt": False})
+    return glcomp.compile(
+        _LastStep(),
+        inputs={"x": (4, 4, 3)},
+        loss=nn.CrossEntropyLoss(),
+        optimizer=optim.Adam(lr=1e-2),
+        target=target,
+        passes={"pushdown": True, "mrt": False},
+    )
 
 
 MODELS = {
@@ -127,8 +148,10 @@ CASES = [(m, t) for m in ("mlp", "cnn") for t in ("webgl2", "webgl1")] + [("lstm
 def _batches(model: str, seed: int = 0, count: int = STEPS + 1) -> list[tuple[np.ndarray, np.ndarray]]:
     _, shape, classes = MODELS[model]
     rng = np.random.default_rng(seed)
-    return [(rng.normal(size=shape).astype(np.float32), rng.integers(0, classes, size=shape[0]))
-            for _ in range(count)]
+    return [
+        (rng.normal(size=shape).astype(np.float32), rng.integers(0, classes, size=shape[0]))
+        for _ in range(count)
+    ]
 
 
 def _save(prog: glcomp.Program, directory: Path) -> Path:
@@ -140,8 +163,11 @@ def _save(prog: glcomp.Program, directory: Path) -> Path:
     except GlcompError as err:
         problem = str(err)
     if problem is not None:
-        pytest.fail(f"prog.save() wrote a bundle that glcomp.codegen.bundle.load_bundle rejects, so the "
-                    f"browser must reject it too; fix the bundle writer: {problem}", pytrace=False)
+        pytest.fail(
+            f"prog.save() wrote a bundle that glcomp.codegen.bundle.load_bundle rejects, so the "
+            f"browser must reject it too; fix the bundle writer: {problem}",
+            pytrace=False,
+        )
     return directory
 
 
@@ -150,14 +176,18 @@ def _save(prog: glcomp.Program, directory: Path) -> Path:
 def browser() -> Iterator[Any]:
     exe = shutil.which("chromium")
     if exe is None:
-        pytest.fail("the browser tests need Chromium: `chromium` is not on PATH (Debian: apt-get install "
-                    "chromium). They fail rather than skip so that a run without the browser runtime "
-                    "never passes.", pytrace=False)
+        pytest.fail(
+            "the browser tests need Chromium: `chromium` is not on PATH (Debian: apt-get install "
+            "chromium). They fail rather than skip so that a run without the browser runtime "
+            "never passes.",
+            pytrace=False,
+        )
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as err:
-        pytest.fail(f"the browser tests need the playwright package (pip install playwright): {err}",
-                    pytrace=False)
+        pytest.fail(
+            f"the browser tests need the playwright package (pip install playwright): {err}", pytrace=False
+        )
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
         yield b
@@ -194,8 +224,9 @@ def page(browser: Any, site: Site) -> Iterator[Any]:
     errors: list[str] = []
     pg.on("pageerror", lambda err: errors.append(str(err)))
     # WebGL errors and performance warnings reach the console only
-    pg.on("console", lambda msg: errors.append(msg.text) if "GL" in msg.text or "warning" in msg.text
-          else None)
+    pg.on(
+        "console", lambda msg: errors.append(msg.text) if "GL" in msg.text or "warning" in msg.text else None
+    )
     pg.goto(site.url + "glcomp.js")  # any same-origin document will do to import the module
     pg.errors = errors
     yield pg
@@ -247,8 +278,11 @@ def test_matches_moderngl_runtime(page: Any, site: Site, gl_runtime: Any, model:
         want_losses = [rt.train_step(x=x, y=y) for x, y in batches[1:]]
         want_after = rt.predict(x=x0)
         want_state = rt.state_dict()
-    arg = {"base": f"/bundle/{name}/", "split": 10,
-           "batches": [[x.ravel().tolist(), y.tolist()] for x, y in batches]}
+    arg = {
+        "base": f"/bundle/{name}/",
+        "split": 10,
+        "batches": [[x.ravel().tolist(), y.tolist()] for x, y in batches],
+    }
     got = _js(page, PARITY_JS, arg)
     assert got["info"]["webgl"] == (2 if target == "webgl2" else 1)
     assert got["info"]["readback"] == ("async" if target == "webgl2" else "sync")
@@ -270,8 +304,9 @@ def test_matches_moderngl_runtime(page: Any, site: Site, gl_runtime: Any, model:
     if model == "lstm_blend":
         blended = sum(bool(d.get("blend")) for d in entries["train_step"]["draws"])
         assert blended >= 2, "the compiler emitted no blend draws to test"
-    assert got["drawCalls"] == sum(len(entries[e]["draws"]) * n for e, n in
-                                   [("predict", 2), ("gradients", 1), ("train_step", STEPS)])
+    assert got["drawCalls"] == sum(
+        len(entries[e]["draws"]) * n for e, n in [("predict", 2), ("gradients", 1), ("train_step", STEPS)]
+    )
     # dispose() leaves nothing behind, by the runtime's count and by the WebGL API's
     assert got["own"] and not any(got["own"].values()), got["own"]
     assert "createTexture" in got["api"] and not any(got["api"].values()), got["api"]
@@ -386,7 +421,9 @@ def test_tampered_bundles_are_rejected(page: Any, site: Site) -> None:
         with pytest.raises(GlcompError):
             load_bundle(site.root / f"bad_{case}")
 
-    got = _js(page, """
+    got = _js(
+        page,
+        """
       const out = {};
       for (const c of arg.cases) {
         try { const rt = await g.Runtime.load(`/bundle/bad_${c}/`); rt.dispose(); out[c] = null; }
@@ -395,7 +432,9 @@ def test_tampered_bundles_are_rejected(page: Any, site: Site) -> None:
       const ok = await g.Runtime.load('/bundle/good/', { quiet: true });
       ok.dispose();
       return { out, live: { ...window.__glLive } };
-    """, {"cases": sorted(cases)})
+    """,
+        {"cases": sorted(cases)},
+    )
     for case, expect in cases.items():
         msg = got["out"][case]
         assert msg is not None, f"{case}: the browser accepted a tampered bundle"
@@ -407,8 +446,10 @@ def test_tampered_bundles_are_rejected(page: Any, site: Site) -> None:
 def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
     """A bundle given as File objects (a picked folder), and input checks that match feeds.py."""
     d = _save(_mlp("webgl2"), site.root / "files")
-    files = {"manifest.json": (d / "manifest.json").read_text(),
-             "weights.safetensors": base64.b64encode((d / "weights.safetensors").read_bytes()).decode()}
+    files = {
+        "manifest.json": (d / "manifest.json").read_text(),
+        "weights.safetensors": base64.b64encode((d / "weights.safetensors").read_bytes()).decode(),
+    }
     shaders = {p.name: p.read_text() for p in (d / "shaders").iterdir()}
     x, y = _batches("mlp", seed=5, count=1)[0]
     bad_feeds = {
@@ -420,7 +461,9 @@ def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
         "unknown": {"x": x.tolist(), "y": y.tolist(), "z": [1]},
         "missing": {"x": x.tolist()},
     }
-    got = _js(page, """
+    got = _js(
+        page,
+        """
       const bytes = Uint8Array.from(atob(arg.files["weights.safetensors"]), (c) => c.charCodeAt(0));
       const list = [new File([arg.files["manifest.json"]], "manifest.json"),
         new File([bytes], "weights.safetensors"),
@@ -441,7 +484,9 @@ def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
       }
       rt.dispose();
       return { out, pred: Array.from(pred.data), loss, missingShader };
-    """, {"files": files, "shaders": shaders, "bad": bad_feeds, "x": x.tolist(), "y": y.tolist()})
+    """,
+        {"files": files, "shaders": shaders, "bad": bad_feeds, "x": x.tolist(), "y": y.tolist()},
+    )
     specs = json.loads(files["manifest.json"])["inputs"]
     for name, feeds in bad_feeds.items():
         with pytest.raises(GlcompError) as err:
@@ -458,7 +503,9 @@ def test_export_indexeddb_and_set_weights(page: Any, site: Site) -> None:
 
     _save(_cnn("webgl2"), site.root / "persist")
     batches = _batches("cnn", seed=9, count=6)
-    got = _js(page, """
+    got = _js(
+        page,
+        """
       const rt = await g.Runtime.load('/bundle/persist/', { quiet: true, readback: "sync" });
       const feed = (i) => ({ x: arg.batches[i][0], y: arg.batches[i][1] });
       await rt.train({ steps: 3, batches: [0, 1, 2].map(feed) });
@@ -489,7 +536,9 @@ def test_export_indexeddb_and_set_weights(page: Any, site: Site) -> None:
       other.dispose();
       return { exported: Array.from(new Uint8Array(exported)), weights, saved, restored, reset, lossBefore,
         lossAgain, found, absent, errors, fresh, other2 };
-    """, {"batches": [[x.ravel().tolist(), y.tolist()] for x, y in batches]})
+    """,
+        {"batches": [[x.ravel().tolist(), y.tolist()] for x, y in batches]},
+    )
     tensors = load_safetensors(bytes(got["exported"]))
     assert sorted(tensors) == sorted(got["weights"])
     for k, v in tensors.items():
@@ -530,18 +579,34 @@ def _blend_bundle(directory: Path) -> Path:
     target = make_target("webgl2")
     lay = layout_for((3, 8), target.max_texture_size).to_json()
     size = {"width": lay["width"], "height": lay["height"]}
-    draw = {"kernel": "k0_scale", "program": "p0", "samplers": {"s_x": "t_in"},
-            "uniforms": {"u_h0": {"hyper": "lr"}}, "page_offset": 0, "targets": ["t_out"],
-            "viewport": [lay["width"], lay["height"]]}
+    draw = {
+        "kernel": "k0_scale",
+        "program": "p0",
+        "samplers": {"s_x": "t_in"},
+        "uniforms": {"u_h0": {"hyper": "lr"}},
+        "page_offset": 0,
+        "targets": ["t_out"],
+        "viewport": [lay["width"], lay["height"]],
+    }
     manifest = {
-        "format": "glcomp-bundle", "version": 1, "target": target.to_json(),
+        "format": "glcomp-bundle",
+        "version": 1,
+        "target": target.to_json(),
         "inputs": {"x": {"shape": [3, 8], "dtype": "float32", "layout": lay}},
-        "hyper": {"lr": 0.0}, "states": {}, "counters": {},
-        "textures": {"t_in": size, "t_out": dict(size)}, "vertex_shader": "quad.vert",
+        "hyper": {"lr": 0.0},
+        "states": {},
+        "counters": {},
+        "textures": {"t_in": size, "t_out": dict(size)},
+        "vertex_shader": "quad.vert",
         "programs": {"p0": {"fragment": "p0.frag", "samplers": ["s_x"], "uniforms": ["u_h0"], "outputs": 1}},
-        "entries": {"predict": {"inputs": {"x": ["t_in"]}, "updates": [],
-                                "outputs": {"output": {"layout": lay, "textures": ["t_out"]}},
-                                "draws": [draw, draw | {"blend": True}]}},
+        "entries": {
+            "predict": {
+                "inputs": {"x": ["t_in"]},
+                "updates": [],
+                "outputs": {"output": {"layout": lay, "textures": ["t_out"]}},
+                "draws": [draw, draw | {"blend": True}],
+            }
+        },
         "memory": {"texture_bytes": 2 * 16 * lay["width"] * lay["height"], "textures": 2},
     }
     Bundle(manifest, {"quad.vert": vertex_shader(target), "p0.frag": _BLEND_FRAG}, {}).save(directory)
@@ -556,14 +621,18 @@ def test_blend_draws_match_moderngl(page: Any, site: Site, gl_runtime: Any) -> N
         rt.set_lr(0.5)
         want_lr = rt.predict(x=x)
     np.testing.assert_allclose(want, 3 * x)
-    got = _js(page, """
+    got = _js(
+        page,
+        """
       const rt = await g.Runtime.load('/bundle/blend/', { quiet: true });
       const a = await rt.predict({ x: arg });
       rt.setLr(0.5);
       const b = await rt.predict({ x: arg });
       rt.dispose();
       return [Array.from(a.data), Array.from(b.data)];
-    """, x.tolist())
+    """,
+        x.tolist(),
+    )
     np.testing.assert_allclose(np.reshape(got[0], x.shape), want, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(np.reshape(got[1], x.shape), want_lr, rtol=RTOL, atol=ATOL)
 
@@ -591,13 +660,18 @@ HIDE = """
         ("webgl2", ["EXT_color_buffer_float"], {}, ["EXT_color_buffer_float"]),
         ("webgl2", [], {"MAX_TEXTURE_SIZE": 4}, ["texels per side (the limit here is 4)"]),
         ("webgl2", [], {"MAX_DRAW_BUFFERS": 1}, ["draw buffers per draw call (this GPU has 1)"]),
-        ("webgl1", ["OES_texture_float", "WEBGL_draw_buffers"], {},
-         ["OES_texture_float", "WEBGL_draw_buffers (programs write"]),
+        (
+            "webgl1",
+            ["OES_texture_float", "WEBGL_draw_buffers"],
+            {},
+            ["OES_texture_float", "WEBGL_draw_buffers (programs write"],
+        ),
     ],
     ids=["color-buffer-float", "texture-size", "draw-buffers", "webgl1-extensions"],
 )
-def test_missing_capabilities_are_reported(browser: Any, site: Site, target: str, hidden: list[str],
-                                           limits: dict[str, int], expect: list[str]) -> None:
+def test_missing_capabilities_are_reported(
+    browser: Any, site: Site, target: str, hidden: list[str], limits: dict[str, int], expect: list[str]
+) -> None:
     name = f"caps_{target}"
     if not (site.root / name).exists():
         _save(_cnn(target), site.root / name)
@@ -606,10 +680,14 @@ def test_missing_capabilities_are_reported(browser: Any, site: Site, target: str
         pg = context.new_page()
         pg.add_init_script(HIDE % (json.dumps(hidden), json.dumps(limits)))
         pg.goto(site.url + "glcomp.js")
-        msg = _js(pg, """
+        msg = _js(
+            pg,
+            """
           try { (await g.Runtime.load(arg, { quiet: true })).dispose(); return null; }
           catch (err) { return err.message; }
-        """, f"/bundle/{name}/")
+        """,
+            f"/bundle/{name}/",
+        )
     finally:
         context.close()
     assert msg is not None, "the runtime loaded without what it needs"
@@ -631,10 +709,12 @@ def test_demo_trains_digits(browser: Any, tmp_path: Path) -> None:
     x, y = x[order], y[order]
     n = int(0.8 * len(x))
     glcomp.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                          nn.Linear(8 * 4 * 4, 10))
-    prog = glcomp.compile(model, inputs={"x": (32, 1, 8, 8)}, loss=nn.CrossEntropyLoss(),
-                          optimizer=optim.Adam(lr=1e-2))
+    model = nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 4 * 4, 10)
+    )
+    prog = glcomp.compile(
+        model, inputs={"x": (32, 1, 8, 8)}, loss=nn.CrossEntropyLoss(), optimizer=optim.Adam(lr=1e-2)
+    )
     bundle = _save(prog, tmp_path / "digits")
     server = make_server(bundle, data=(x[:n], y[:n], x[n:], y[n:]))
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -650,15 +730,20 @@ def test_demo_trains_digits(browser: Any, tmp_path: Path) -> None:
             pg.wait_for_function("['done', 'error'].includes(window.glcompDemo?.status)", timeout=180_000)
         except PlaywrightTimeout:
             demo = pg.evaluate("window.glcompDemo")
-            pytest.fail(f"the demo did not finish in 180 s: status {demo['status']}, {demo['steps']} of "
-                        f"{steps} steps, {demo['msPerStep']} ms/step (a loaded machine?)", pytrace=False)
+            pytest.fail(
+                f"the demo did not finish in 180 s: status {demo['status']}, {demo['steps']} of "
+                f"{steps} steps, {demo['msPerStep']} ms/step (a loaded machine?)",
+                pytrace=False,
+            )
         seconds = time.perf_counter() - start
         demo = pg.evaluate("window.glcompDemo")
         assert demo["status"] == "done", demo["error"]
         assert demo["steps"] == len(demo["losses"]) == steps
-        print(f"\ndemo: {steps} steps + 3 evaluations in {seconds:.1f} s on {demo['info']['renderer']}; "
-              f"{demo['msPerStep']:.1f} ms/step, first step {demo['firstStepMs']:.0f} ms; "
-              f"test accuracy {demo['accuracies']}")
+        print(
+            f"\ndemo: {steps} steps + 3 evaluations in {seconds:.1f} s on {demo['info']['renderer']}; "
+            f"{demo['msPerStep']:.1f} ms/step, first step {demo['firstStepMs']:.0f} ms; "
+            f"test accuracy {demo['accuracies']}"
+        )
         assert demo["accuracy"] >= 0.9, demo["accuracies"]
         assert np.mean(demo["losses"][-10:]) < np.mean(demo["losses"][:10])
         assert pg.locator("#accuracy").inner_text().startswith("test accuracy after epoch 3")
@@ -710,11 +795,26 @@ def test_server_serves_only_the_bundle_and_the_runtime(tmp_path: Path) -> None:
         assert _get(port, "/bundle/shaders/p0.frag")[0] == 200
         assert _get(port, "/bundle/data.safetensors")[0] == 200
         assert _get(port, "/bundle/manifest.json", "HEAD")[0] == 200
-        for path in ["/bundle/../secret.json", "/bundle/%2e%2e/secret.json", "/bundle/..%2fsecret.json",
-                     "/bundle/shaders/../manifest.json", "/bundle/link.json", "/bundle/.hidden.json",
-                     "/bundle/notes.txt", "/bundle/", "/bundle", "/bundle/shaders", "/../serve.py",
-                     "/js/../../serve.py", "/%2e%2e/serve.py", "/bundle//etc/passwd", "/bundle/%00.json",
-                     "/glcomp.js/", "/nope.js", "//etc/passwd"]:
+        for path in [
+            "/bundle/../secret.json",
+            "/bundle/%2e%2e/secret.json",
+            "/bundle/..%2fsecret.json",
+            "/bundle/shaders/../manifest.json",
+            "/bundle/link.json",
+            "/bundle/.hidden.json",
+            "/bundle/notes.txt",
+            "/bundle/",
+            "/bundle",
+            "/bundle/shaders",
+            "/../serve.py",
+            "/js/../../serve.py",
+            "/%2e%2e/serve.py",
+            "/bundle//etc/passwd",
+            "/bundle/%00.json",
+            "/glcomp.js/",
+            "/nope.js",
+            "//etc/passwd",
+        ]:
             assert _get(port, path)[0] == 404, path
         assert _get(port, "/glcomp.js", host="evil.example:80")[0] == 403
         assert _get(port, "/glcomp.js", "POST")[0] == 501

@@ -1,0 +1,415 @@
+"""Training-step benchmarks: glcomp's GL runtime, its numpy reference runtime and PyTorch CPU.
+
+    python benchmarks/bench.py                                  # all workloads, 30 timed steps each
+    python benchmarks/bench.py --workloads mlp,cnn --steps 50 --json out.json
+    python benchmarks/bench.py --steps 30 --steps conv_seed=10  # fewer steps for one workload
+    python benchmarks/bench.py --passes default --passes memplan=off
+
+For each workload and runtime: warm-up steps (the first GL step includes shader JIT compilation
+in the driver), then the median wall time of single training steps. Each GL step reads the loss
+back, so it waits for the GPU. Draw calls, kernels and texture bytes come from the bundle manifest
+of the train_step entry point; they depend on the compile passes (``--passes``), so GL gets one
+column per pass setting. The reference runtime interprets the graph, which passes do not change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import glcomp
+from glcomp import nn, optim
+
+
+@dataclasses.dataclass
+class Workload:
+    """A model, its optimizer and one fixed batch, for glcomp and (as a mirror) torch."""
+
+    name: str
+    description: str
+    model: Callable[[], nn.Module]
+    optimizer: Callable[[], optim.Optimizer]
+    x_shape: tuple[int, ...]
+    classes: int = 10
+
+
+class LastStep(nn.Module):
+    """LSTM over the sequence, then a linear layer on the last time step's output."""
+
+    def __init__(self, inputs: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(inputs, hidden, batch_first=True)
+        self.fc = nn.Linear(hidden, classes)
+
+    def forward(self, x: Any) -> Any:
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1])
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(128, 10),
+    )
+
+
+WORKLOADS = {
+    "mlp": Workload(
+        "mlp",
+        "Linear 64-128-64-10, ReLU; batch 64; SGD lr 0.1",
+        lambda: nn.Sequential(
+            nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)
+        ),
+        lambda: optim.SGD(lr=0.1),
+        (64, 64),
+    ),
+    "cnn": Workload(
+        "cnn",
+        "1x8x8; 2x (Conv 3x3 pad 1, ReLU, MaxPool 2), Linear 128-10; batch 64; Adam 1e-3",
+        _cnn,
+        lambda: optim.Adam(lr=1e-3),
+        (64, 1, 8, 8),
+    ),
+    "conv_seed": Workload(
+        "conv_seed",
+        "3x32x32; Conv 3-16 5x5 stride 2 pad 2, ReLU, Linear 4096-10; batch 16; SGD lr 0.01",
+        lambda: nn.Sequential(
+            nn.Conv2d(3, 16, 5, stride=2, padding=2), nn.ReLU(), nn.Flatten(), nn.Linear(4096, 10)
+        ),
+        lambda: optim.SGD(lr=0.01),
+        (16, 3, 32, 32),
+    ),
+    "lstm": Workload(
+        "lstm",
+        "LSTM(32, 128) over 10 steps, last output, Linear 128-10; batch 32; Adam 1e-3",
+        lambda: LastStep(32, 128, 10),
+        lambda: optim.Adam(lr=1e-3),
+        (32, 10, 32),
+    ),
+}
+
+
+def _batch(w: Workload) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(w.x_shape).astype(np.float32)
+    y = rng.integers(0, w.classes, size=w.x_shape[0]).astype(np.int64)
+    return x, y
+
+
+def _time_steps(step: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU milliseconds of each timed step. CPU time counts every thread of this process
+    (llvmpipe's and torch's included), so it is less disturbed by other load on the machine."""
+    for _ in range(warmup):
+        step()
+    wall, cpu = [], []
+    for _ in range(steps):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        step()
+        wall.append(1000 * (time.perf_counter() - start))
+        cpu.append(1000 * (time.process_time() - start_cpu))
+    return wall, cpu
+
+
+def _summary(times: tuple[list[float], list[float]]) -> dict[str, float]:
+    wall, cpu = times
+    q = np.percentile(wall, [10, 90])
+    return {
+        "ms_median": statistics.median(wall),
+        "ms_p10": float(q[0]),
+        "ms_p90": float(q[1]),
+        "cpu_ms_median": statistics.median(cpu),
+    }
+
+
+def bench_glcomp(
+    w: Workload, runtime: str, passes: dict[str, bool], warmup: int, steps: int
+) -> dict[str, Any]:
+    """Compile `w` with `passes` and time `runtime`'s train_step."""
+    glcomp.manual_seed(0)
+    x, y = _batch(w)
+    start = time.perf_counter()
+    prog = glcomp.compile(
+        w.model(), {"x": w.x_shape}, nn.CrossEntropyLoss(), w.optimizer(), passes=dict(passes)
+    )
+    rt = prog.runtime(runtime)
+    setup = time.perf_counter() - start
+    times = _time_steps(lambda: rt.train_step(x=x, y=y), warmup, steps)
+    record: dict[str, Any] = {"setup_s": setup} | _summary(times)
+    if runtime == "gl":
+        m = rt.manifest
+        draws = m["entries"]["train_step"]["draws"]
+        record |= {
+            "draws": len(draws),
+            "kernels": len({d["kernel"] for d in draws}),
+            "programs": len({d["program"] for d in draws}),
+            "render_targets": sum(len(d["targets"]) for d in draws),
+            "texture_bytes": m["memory"]["texture_bytes"],
+            "textures": m["memory"]["textures"],
+            "passes_in_effect": m.get("passes", passes),
+        }
+        rt.release()
+    return record
+
+
+def _torch_model(name: str) -> Any:
+    import torch
+    from torch import nn as tnn
+
+    if name == "mlp":
+        return tnn.Sequential(
+            tnn.Linear(64, 128), tnn.ReLU(), tnn.Linear(128, 64), tnn.ReLU(), tnn.Linear(64, 10)
+        ), lambda p: torch.optim.SGD(p, lr=0.1)
+    if name == "cnn":
+        return tnn.Sequential(
+            tnn.Conv2d(1, 16, 3, padding=1),
+            tnn.ReLU(),
+            tnn.MaxPool2d(2),
+            tnn.Conv2d(16, 32, 3, padding=1),
+            tnn.ReLU(),
+            tnn.MaxPool2d(2),
+            tnn.Flatten(),
+            tnn.Linear(128, 10),
+        ), lambda p: torch.optim.Adam(p, lr=1e-3)
+    if name == "conv_seed":
+        return tnn.Sequential(
+            tnn.Conv2d(3, 16, 5, stride=2, padding=2), tnn.ReLU(), tnn.Flatten(), tnn.Linear(4096, 10)
+        ), lambda p: torch.optim.SGD(p, lr=0.01)
+
+    class TorchLastStep(tnn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = tnn.LSTM(32, 128, batch_first=True)
+            self.fc = tnn.Linear(128, 10)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(self.lstm(x)[0][:, -1])
+
+    return TorchLastStep(), lambda p: torch.optim.Adam(p, lr=1e-3)
+
+
+def bench_torch(w: Workload, warmup: int, steps: int) -> dict[str, Any]:
+    """The same model and optimizer in PyTorch on the CPU (its default thread count)."""
+    import torch
+
+    torch.manual_seed(0)
+    model, make_opt = _torch_model(w.name)
+    opt = make_opt(model.parameters())
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x, y = (torch.from_numpy(a) for a in _batch(w))
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return float(loss.item())
+
+    return _summary(_time_steps(step, warmup, steps)) | {"threads": torch.get_num_threads()}
+
+
+def parse_passes(text: str) -> dict[str, bool]:
+    """``default`` -> {}; ``memplan=off`` -> {"memplan": False}; a JSON object as is."""
+    text = text.strip()
+    if text in ("", "default"):
+        return {}
+    if text.startswith("{"):
+        return {str(k): bool(v) for k, v in json.loads(text).items()}
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if value.lower() not in ("on", "off", "true", "false", "1", "0"):
+            raise SystemExit(f"--passes {text!r}: expected NAME=on|off[,NAME=on|off]")
+        out[key.strip()] = value.lower() in ("on", "true", "1")
+    return out
+
+
+def default_passes() -> list[dict[str, bool]]:
+    """The default passes, then each pass the code generator exposes flipped on its own (off
+    where it is on by default, on where it is opt-in)."""
+    from glcomp.codegen import bundle
+
+    names = list(getattr(bundle, "PASSES", ["memplan"]))
+    opt_in = set(getattr(bundle, "OFF_BY_DEFAULT", ()))
+    return [{}] + [{name: name in opt_in} for name in names]
+
+
+def passes_label(passes: dict[str, bool]) -> str:
+    return ",".join(f"{k}={'on' if v else 'off'}" for k, v in passes.items()) or "default"
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, core count, OpenGL renderer and library versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {"cpu": cpu, "cores": _cores(), "python": platform.python_version()}
+    info["numpy"] = np.__version__
+    info["glcomp"] = glcomp.__version__
+    try:
+        from glcomp.runtime.gl import context_info, create_context
+
+        ctx = create_context()
+        gl = context_info(ctx)
+        ctx.release()
+        info["gl_renderer"], info["gl_version"] = gl["renderer"], gl["version"]
+    except glcomp.GlcompError as err:
+        info["gl_renderer"] = f"unavailable ({err})"
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:
+        info["torch"] = None
+    return info
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _fmt_ms(rec: dict[str, Any] | None, key: str = "ms_median") -> str:
+    return "-" if not rec else f"{rec[key]:.1f}"
+
+
+def _markdown(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def table(results: list[dict[str, Any]], settings: list[str], runtimes: list[str]) -> str:
+    """Markdown tables, a row per workload: median ms per training step (GL: a column per pass
+    setting), then draw calls, kernels and texture bytes per step for each GL pass setting."""
+    gl_cols = list(settings) if "gl" in runtimes else []
+    names = list(dict.fromkeys(r["workload"] for r in results))
+    by = {(r["workload"], r["runtime"], r["passes"]): r for r in results}
+    head = ["workload", "timed steps"] + [f"gl ({s})" for s in gl_cols]
+    head += [r for r in runtimes if r != "gl"]
+    text = ""
+    for key, title in (("ms_median", "wall"), ("cpu_ms_median", "process CPU")):
+        rows = []
+        for name in names:
+            steps = sorted({r["steps"] for r in results if r["workload"] == name})
+            row = [name, "/".join(map(str, steps))]
+            row += [_fmt_ms(by.get((name, "gl", s)), key) for s in gl_cols]
+            row += [_fmt_ms(by.get((name, r, "-")), key) for r in runtimes if r != "gl"]
+            rows.append(row)
+        text += f"{title} ms per training step (median)\n\n" + _markdown(head, rows) + "\n\n"
+    text = text.rstrip("\n")
+    if gl_cols:
+        rows = []
+        for name in names:
+            row = [name]
+            for s in gl_cols:
+                g = by.get((name, "gl", s))
+                row.append("-" if g is None else f"{g['draws']} / {g['kernels']} / {g['texture_bytes']:,}")
+            rows.append(row)
+        head = ["workload"] + [f"gl ({s})" for s in gl_cols]
+        text += "\n\ndraws / kernels / texture bytes per train step (GL bundle)\n\n" + _markdown(head, rows)
+    return text
+
+
+def _steps_for(items: list[str], names: list[str]) -> dict[str, int]:
+    steps = dict.fromkeys(names, 30)
+    for item in items:
+        key, sep, value = item.rpartition("=")
+        targets = [key] if sep else names
+        if sep and key not in WORKLOADS:
+            raise SystemExit(f"--steps {item!r}: unknown workload {key!r}")
+        for t in targets:
+            if t in steps:
+                steps[t] = int(value)
+    return steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks, print a table and optionally write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
+    parser.add_argument(
+        "--steps", action="append", default=[], metavar="N|NAME=N", help="timed steps (default 30)"
+    )
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    parser.add_argument("--runtimes", default="gl,reference,torch", help="comma-separated subset")
+    parser.add_argument(
+        "--passes",
+        action="append",
+        default=[],
+        metavar="SETTING",
+        help="compile passes for GL: 'default', 'memplan=off' or a JSON object; repeat for more columns "
+        "(default: the defaults, then each pass flipped on its own)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    args = parser.parse_args(argv)
+
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workloads {unknown}; choose from {list(WORKLOADS)}")
+    runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    if "torch" in runtimes:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("torch is not installed: skipping the PyTorch column", file=sys.stderr)
+            runtimes.remove("torch")
+    settings = [parse_passes(p) for p in args.passes] if args.passes else default_passes()
+    labels = [passes_label(p) for p in settings]
+    steps = _steps_for(args.steps, names)
+
+    info = machine()
+    print(f"# {info['cpu']} ({info['cores']} cores), {info['gl_renderer']}", file=sys.stderr)
+    results = []
+    for name in names:
+        w = WORKLOADS[name]
+        for runtime in runtimes:
+            for passes, label in zip(settings, labels) if runtime == "gl" else [({}, "-")]:
+                print(f"  {name} / {runtime} / {label} ...", file=sys.stderr, flush=True)
+                if runtime == "torch":
+                    rec = bench_torch(w, args.warmup, steps[name])
+                else:
+                    rec = bench_glcomp(w, runtime, passes, args.warmup, steps[name])
+                results.append(
+                    {"workload": name, "runtime": runtime, "passes": label, "steps": steps[name]} | rec
+                )
+    print(table(results, labels, runtimes))
+    if args.json:
+        report = {
+            "machine": info,
+            "date": time.strftime("%Y-%m-%d"),
+            "warmup": args.warmup,
+            "workloads": {n: WORKLOADS[n].description for n in names},
+            "results": results,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
