@@ -596,7 +596,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     state = rt.state_dict()
-    save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, str(out / "weights.safetensors"))
+    # reshape keeps 0-d entries (BatchNorm's num_batches_tracked) 0-d, as torch stores them.
+    save_file(
+        {k: np.ascontiguousarray(v).reshape(np.shape(v)) for k, v in state.items()},
+        str(out / "weights.safetensors"),
+    )
     opt_state = rt.optimizer_state() if hasattr(rt, "optimizer_state") else dict(rt.opt_state)
     trained = dataclasses.replace(
         prog,
@@ -608,7 +612,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         },
     )
     save_bundle(build_bundle(trained), out / "bundle")
-    saved = ["weights.safetensors", "bundle/"]
+    # The example's data beside the bundle, so `glcomp serve` can train it in the browser.
+    from glcomp.serve import export_data
+
+    export_data(out / "bundle", spec.x_train, spec.y_train, spec.x_test, spec.y_test)
+    saved = ["weights.safetensors", "bundle/ (with data.safetensors)"]
     try:
         _plot_losses(losses, per_epoch, f"{Path(source).stem} ({args.runtime} runtime)", out / "loss.png")
         saved.insert(1, "loss.png")

@@ -248,6 +248,9 @@ def test_train(
     np.testing.assert_array_equal(trained["0.weight"], weights["0.weight"])
     initial = load_source(str(example)).build()["model"].state_dict()["0.weight"]
     assert not np.allclose(initial, weights["0.weight"])
+    data = load_file(str(out / "bundle" / "data.safetensors"))  # what `glcomp serve` trains on
+    spec = load_source(str(example)).build()["data"]
+    np.testing.assert_array_equal(data["x_test"], np.asarray(spec["x_test"], np.float32))
 
 
 def test_train_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
