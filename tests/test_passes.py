@@ -28,6 +28,8 @@ PASS_SETTINGS = [
     {"mrt": False, "blend": False},
     {"pushdown": True},
     {"pushdown": True, "mrt": False},
+    {"epilogue": False},
+    {"pushdown": True, "mrt": False, "epilogue": False},
 ]
 
 
@@ -108,13 +110,14 @@ def test_adam_update_is_one_draw_per_parameter() -> None:
 
 
 def test_blend_accumulates_time_steps(gl_runtime: Any) -> None:
-    """With transposes pushed down and MRT off, the recurrent weight's gradient is summed by
-    additive blending; results equal the summing kernel's."""
+    """With transposes pushed down and MRT and epilogue fusion off (both would merge the terms
+    into fewer draws), the recurrent weight's gradient is summed by additive blending; results
+    equal the summing kernel's."""
     glcomp.manual_seed(2)
     model = Seq()
     x, y = _batch()
-    blended = _compile(model, {"pushdown": True, "mrt": False})
-    summed = _compile(model, {"pushdown": True, "mrt": False, "blend": False})
+    blended = _compile(model, {"pushdown": True, "mrt": False, "epilogue": False})
+    summed = _compile(model, {"pushdown": True, "mrt": False, "epilogue": False, "blend": False})
     draws = _draws(blended, "gradients")
     assert sum(d["blend"] for d in draws) >= 2
     assert len(draws) < len(_draws(summed, "gradients"))
@@ -135,6 +138,26 @@ def test_blend_falls_back_without_float_blending() -> None:
         float_blend=False,
     )
     assert not any(d["blend"] for d in _draws(prog, "gradients"))
+
+
+def test_epilogue_runs_loops_inside_their_reader() -> None:
+    # A weight gradient's matmul runs inside the SGD update that alone reads it.
+    def bundle(passes: dict[str, bool]) -> dict[str, Any]:
+        glcomp.manual_seed(1)
+        # the benchmark's mlp workload: large enough that the MRT cost model declines groups
+        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+        prog = glcomp.compile(
+            model,
+            inputs={"x": (64, 64)},
+            loss=nn.CrossEntropyLoss(),
+            optimizer=optim.SGD(lr=0.1),
+            passes=passes,
+        )
+        return build_bundle(prog).manifest
+
+    fused, plain = bundle({}), bundle({"epilogue": False})
+    assert len(fused["entries"]["train_step"]["draws"]) < len(plain["entries"]["train_step"]["draws"])
+    assert fused["memory"]["texture_bytes"] < plain["memory"]["texture_bytes"]
 
 
 def test_memory_plan_reuses_textures() -> None:

@@ -72,6 +72,8 @@ def _isolate_state_outputs(graph: Graph) -> Graph:
 
 PASSES = {
     "fusion": "fuse elementwise, movement and index ops into the kernels that read them",
+    "epilogue": "run a loop kernel (matmul, conv, reduce, pool) inside the elementwise kernel "
+    "that alone reads it",
     "mrt": "write results of consecutive kernels that share inputs from one draw call",
     "memplan": "reuse temporary textures by liveness",
     "pushdown": "push transposes below matmuls and sums (IR rewrite)",
@@ -185,7 +187,7 @@ def _lower_entry(
     graph = _isolate_state_outputs(graph)
     layouts: dict[int, Layout] = {n: layout_for(graph.shape(n), size) for n in graph.nodes()}
     pages = {n: lay.pages for n, lay in layouts.items()}
-    kernels, stored = plan_kernels(graph, target, pages, fusion=passes["fusion"])
+    kernels, stored = plan_kernels(graph, target, pages, passes["fusion"], passes["epilogue"])
     hypers = {n: graph.attrs(n)["name"] for n in graph.inputs.values() if graph.attrs(n)["role"] == "hyper"}
     renderer = KernelRenderer(graph, layouts, target)
 

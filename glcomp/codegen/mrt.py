@@ -103,11 +103,17 @@ def _pays(
     return merged <= separate + DRAW_COST
 
 
+def _has_fused_loop(graph: Graph, k: Kernel) -> bool:
+    return any(not _fusible_root(graph, n) for n in k.body)
+
+
 def _try_merge(
     g: Kernel, k: Kernel, graph: Graph, layouts: dict[int, Layout], target: Target, fixed: set[int]
 ) -> Kernel | None:
     if len(g.roots) + len(k.roots) > target.max_draw_buffers:
         return None
+    if _has_fused_loop(graph, g) or _has_fused_loop(graph, k):
+        return None  # an epilogue kernel already runs a loop per texel; keep it on its own
     roots = g.roots + k.roots
     if any(layouts[r].pages > 1 for r in roots):
         return None

@@ -98,6 +98,38 @@ def materialized(graph: Graph, fusion: bool = True) -> set[int]:
     return stored
 
 
+def _epilogue_reader(graph: Graph, n: int, stored: set[int]) -> int | None:
+    """The stored elementwise value that alone reads loop result `n`, each element at most once
+    (through elementwise ops and one-to-one views), or None."""
+    while True:
+        users = [dst for _, dst in graph.g.out_edges(n)]
+        if len(users) != 1:
+            return None
+        (user,) = users
+        rule = get_op(graph.op(user))
+        if rule.kind not in ("elementwise", "movement") or graph.op(user) == "expand":
+            return None  # a broadcast would recompute the loop once per copy
+        if user in stored:
+            return user
+        n = user
+
+
+def _fuse_epilogues(graph: Graph, stored: set[int]) -> None:
+    """Un-store loop results that one elementwise kernel reads once per element: the loop then
+    runs inside that kernel (a matmul with its bias add, or with the SGD update that consumes
+    it) and saves a draw and a texture."""
+    outputs = set(graph.outputs.values())
+    for n in graph.topo():
+        if (
+            n in stored
+            and n not in outputs
+            and get_op(graph.op(n)).kind in ("matmul", "conv", "reduce", "pool")
+        ):
+            reader = _epilogue_reader(graph, n, stored)
+            if reader is not None and get_op(graph.op(reader)).kind in ("elementwise", "movement"):
+                stored.discard(n)
+
+
 def _fused_region(graph: Graph, root: int, stored: set[int]) -> tuple[list[int], list[int]]:
     """Nodes computed inside root's kernel and the stored leaves it reads."""
     body: set[int] = set()
@@ -119,7 +151,7 @@ def _samplers(graph: Graph, leaves: list[int], pages: dict[int, int]) -> int:
 
 
 def plan_kernels(
-    graph: Graph, target: Target, pages: dict[int, int], fusion: bool = True
+    graph: Graph, target: Target, pages: dict[int, int], fusion: bool = True, epilogue: bool = True
 ) -> tuple[list[Kernel], set[int]]:
     """Group the graph into kernels in execution order.
 
@@ -129,6 +161,8 @@ def plan_kernels(
     of texture pages per node (split tensors need one sampler each).
     """
     stored = materialized(graph, fusion)
+    if fusion and epilogue:
+        _fuse_epilogues(graph, stored)
     kernels: list[Kernel] = []
     changed = True
     while changed:  # storing one more value can only reduce sampler pressure elsewhere

@@ -100,6 +100,7 @@ class KernelRenderer:
 
     def __init__(self, graph: Graph, layouts: dict[int, Layout], target: Target) -> None:
         self.graph, self.layouts, self.target = graph, layouts, target
+        self.position = {n: i for i, n in enumerate(graph.topo())}
 
     def fn(self, n: int) -> str:
         return f"v{n}"
@@ -194,6 +195,14 @@ class KernelRenderer:
         else:
             raise GlcompError(f"no fused rendering for op {op!r} (node %{n})")
         return {"sig": sig, "lines": lines}
+
+    def function(self, n: int) -> dict[str, Any]:
+        """The GLSL function computing fused node `n`: a loop op (fused as an epilogue's operand)
+        is rendered by its family template's macro, anything else by `node_function`."""
+        rule = get_op(self.graph.op(n))
+        if rule.kind in FUSED_ROOT:
+            return self.node_function(n)
+        return {"name": f"v{n}", "template": root_template(self.graph, n), "spec": self.root(n)}
 
     # -- roots ------------------------------------------------------------------------------------
     def root(self, n: int) -> dict[str, Any]:
@@ -307,9 +316,10 @@ class KernelRenderer:
             )
         functions = [self.leaf_function(leaf, uniform_of) for leaf in kernel.leaves]
         # Fused nodes and elementwise roots (which MRT groups may also read inline), each defined
-        # once; node ids are a topological order, so callees come before callers.
+        # once, in topological order so callees come before callers (rewrites such as transpose
+        # push-down create nodes with ids above their readers').
         inline = set(kernel.body) | {r for r in kernel.roots if get_op(g.op(r)).kind in FUSED_ROOT}
-        functions += [self.node_function(n) for n in sorted(inline)]
+        functions += [self.function(n) for n in sorted(inline, key=self.position.__getitem__)]
         outputs = [self._output(r) for r in kernel.roots]
         context = {
             "webgl1": t.webgl1,
