@@ -119,14 +119,15 @@ def _fuse_epilogues(graph: Graph, stored: set[int]) -> None:
     runs inside that kernel (a matmul with its bias add, or with the SGD update that consumes
     it) and saves a draw and a texture."""
     outputs = set(graph.outputs.values())
+    taken: set[int] = set()
     for n in graph.topo():
-        if (
-            n in stored
-            and n not in outputs
-            and get_op(graph.op(n)).kind in ("matmul", "conv", "reduce", "pool")
-        ):
+        loop = get_op(graph.op(n)).kind in ("matmul", "conv", "reduce", "pool")
+        if loop and n in stored and n not in outputs:
             reader = _epilogue_reader(graph, n, stored)
-            if reader is not None and get_op(graph.op(reader)).kind in ("elementwise", "movement"):
+            # One loop per epilogue kernel: several (a sum of per-step products) make a shader
+            # that software rasterizers compile and run very slowly.
+            if reader is not None and reader not in taken:
+                taken.add(reader)
                 stored.discard(n)
 
 
