@@ -34,7 +34,8 @@ class Optimizer:
     def update(
         self, p: Tensor, g: Tensor, state: dict[str, Tensor], lr: Tensor, step: Tensor | None
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        raise NotImplementedError
+        """The new parameter and new state for one step (written with symbolic tensor ops)."""
+        raise GlcompError(f"{type(self).__name__} defines no update rule (Optimizer.update)")
 
 
 class SGD(Optimizer):

@@ -314,7 +314,7 @@ class _Loss(Module):
 
     def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
         """Shape, dtype and (for class labels) the class count of the target this loss takes."""
-        raise NotImplementedError
+        raise GlcompError(f"{type(self).__name__} does not say what target it takes (target_spec)")
 
 
 class CrossEntropyLoss(_Loss):
