@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 import glcomp
-from glcomp import nn, optim
+from glcomp import nn
 from glcomp.serve import make_server
 
 SWIFTSHADER_ARGS = [
@@ -46,61 +46,13 @@ GPU_ARGS = ["--headless", "--no-sandbox", "--enable-gpu", "--ignore-gpu-blocklis
 
 
 def _workloads() -> dict[str, Any]:
-    """The workloads of benchmarks/bench.py when it is there, else the same four defined here."""
-    path = Path(__file__).with_name("bench.py")
-    if path.is_file():
-        spec = importlib.util.spec_from_file_location("_glcomp_bench", path)
-        if spec is not None and spec.loader is not None:
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-            return {
-                name: (w.model, w.optimizer, tuple(w.x_shape), getattr(w, "classes", 10))
-                for name, w in module.WORKLOADS.items()
-            }
-
-    class LastStep(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lstm = nn.LSTM(32, 128, batch_first=True)
-            self.fc = nn.Linear(128, 10)
-
-        def forward(self, x: Any) -> Any:
-            out, _ = self.lstm(x)
-            return self.fc(out[:, -1])
-
-    def cnn() -> nn.Module:
-        return nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(128, 10),
-        )
-
-    return {
-        "mlp": (
-            lambda: nn.Sequential(
-                nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)
-            ),
-            lambda: optim.SGD(lr=0.1),
-            (64, 64),
-            10,
-        ),
-        "cnn": (cnn, lambda: optim.Adam(lr=1e-3), (64, 1, 8, 8), 10),
-        "conv_seed": (
-            lambda: nn.Sequential(
-                nn.Conv2d(3, 16, 5, stride=2, padding=2), nn.ReLU(), nn.Flatten(), nn.Linear(4096, 10)
-            ),
-            lambda: optim.SGD(lr=0.01),
-            (16, 3, 32, 32),
-            10,
-        ),
-        "lstm": (LastStep, lambda: optim.Adam(lr=1e-3), (32, 10, 32), 10),
-    }
+    """The workloads of benchmarks/bench.py (one definition for every benchmark)."""
+    spec = importlib.util.spec_from_file_location("_glcomp_bench", Path(__file__).with_name("bench.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return {name: (w.model, w.optimizer, tuple(w.x_shape), w.classes) for name, w in module.WORKLOADS.items()}
 
 
 PAGE_JS = """
