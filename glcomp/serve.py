@@ -3,7 +3,10 @@
 ``glcomp serve DIR [--port N]`` binds 127.0.0.1 only and serves nothing but the demo page and the
 browser runtime (glcomp/runtime/js/) under ``/`` and the bundle's files under ``/bundle/``:
 plain files inside those folders with known suffixes, no listings, no dot-files, no links that
-lead outside, no ``..``. Training data is a ``data.safetensors`` holding x_train, y_train, x_test
+lead outside, no ``..``. Files are streamed in chunks (memory stays flat however large a file or
+however many readers), requests are handled by a fixed pool of worker threads with a bounded
+queue, and every connection has a socket timeout, so slow or idle clients cannot pile up threads
+or memory. Training data is a ``data.safetensors`` holding x_train, y_train, x_test
 and y_test, written by `export_data`.
 """
 
@@ -11,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import os
+import shutil
 import threading
 import urllib.parse
 import webbrowser
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,10 @@ _TYPES = {
     ".safetensors": "application/octet-stream",
 }
 _JS_SUFFIXES = (".html", ".js", ".css")
+WORKERS = 8  # requests served at once
+BACKLOG = 64  # connections accepted but waiting for a worker; beyond this they are closed
+TIMEOUT = 15.0  # seconds a connection may sit idle (or a client stall) before it is closed
+CHUNK = 1 << 16
 _BUNDLE_SUFFIXES = (".json", ".frag", ".vert", ".safetensors")
 
 
@@ -91,6 +101,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     server_version = "glcomp"
     sys_version = ""
+    protocol_version = "HTTP/1.0"  # one request per connection: no idle keep-alive workers
+    timeout = TIMEOUT  # StreamRequestHandler applies it to the socket
     bundle_dir: Path
     data_file: Path | None
     quiet = True
@@ -124,15 +136,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if path is None:
             self.send_error(404, "not found")
             return
-        data = path.read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Type", _TYPES.get(path.suffix, "application/octet-stream"))
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
+        try:
+            f = open(path, "rb")  # closed by the with below; streamed, never read whole
+        except OSError:
+            self.send_error(404, "not found")
+            return
+        with f:
+            self.send_response(200)
+            self.send_header("Content-Type", _TYPES.get(path.suffix, "application/octet-stream"))
+            self.send_header("Content-Length", str(os.fstat(f.fileno()).st_size))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.end_headers()
+            if body:
+                shutil.copyfileobj(f, self.wfile, CHUNK)
 
     def do_GET(self) -> None:
         self._serve(True)
@@ -145,15 +162,55 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             super().log_message(format, *args)
 
 
+class PooledHTTPServer(http.server.HTTPServer):
+    """An HTTP server whose requests run on `workers` threads. At most `backlog` accepted
+    connections wait for a worker; further ones are closed at once, so a flood of clients costs
+    neither threads nor memory beyond those bounds."""
+
+    daemon_threads = True
+
+    def __init__(self, address: Any, handler: Any, workers: int = WORKERS, backlog: int = BACKLOG) -> None:
+        super().__init__(address, handler)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="glcomp-serve")
+        self._slots = threading.BoundedSemaphore(workers + backlog)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        self._pool.submit(self._work, request, client_address)
+
+    def _work(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except OSError:  # includes TimeoutError
+            pass  # a client that went away or stalled past the timeout
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 def make_server(
-    bundle_dir: str | Path, port: int = 0, data: Any = None, quiet: bool = True
-) -> http.server.ThreadingHTTPServer:
+    bundle_dir: str | Path,
+    port: int = 0,
+    data: Any = None,
+    quiet: bool = True,
+    workers: int = WORKERS,
+    timeout: float = TIMEOUT,
+) -> PooledHTTPServer:
     """An HTTP server on 127.0.0.1:`port` (0: any free port) for `bundle_dir` and the demo page.
 
     `data`: None (serve ``bundle_dir/data.safetensors`` if there is one), a path to a
     data.safetensors file, or a tuple (x_train, y_train, x_test, y_test) written into
     `bundle_dir` with `export_data`. Call ``serve_forever()`` (or run it in a thread) and
-    ``server_close()`` when done.
+    ``server_close()`` when done. `workers` requests are served at once; a connection idle for
+    `timeout` seconds is closed.
     """
     bundle = Path(bundle_dir)
     if not bundle.is_dir():
@@ -166,9 +223,11 @@ def make_server(
         if not data_file.is_file():
             raise GlcompError(f"{data}: no such data file")
     handler = type(
-        "GlcompHandler", (_Handler,), {"bundle_dir": bundle.resolve(), "data_file": data_file, "quiet": quiet}
+        "GlcompHandler",
+        (_Handler,),
+        {"bundle_dir": bundle.resolve(), "data_file": data_file, "quiet": quiet, "timeout": timeout},
     )
-    return http.server.ThreadingHTTPServer((HOST, port), handler)
+    return PooledHTTPServer((HOST, port), handler, workers=workers)
 
 
 def serve(
