@@ -11,6 +11,7 @@ fail, not skip, without OpenGL.
 from __future__ import annotations
 
 import gc
+import itertools
 import random
 import threading
 from typing import Any
@@ -32,7 +33,7 @@ def _mlp(seed: int, sizes: tuple[int, ...], optimizer: optim.Optimizer | None = 
     """A small classifier on (6, sizes[0]) inputs with 3 classes."""
     glcomp.manual_seed(seed)
     layers: list[nn.Module] = []
-    for a, b in zip(sizes, sizes[1:], strict=False):
+    for a, b in itertools.pairwise(sizes):
         layers += [nn.Linear(a, b), nn.Tanh()]
     model = nn.Sequential(*layers, nn.Linear(sizes[-1], 3))
     return glcomp.compile(
