@@ -68,13 +68,19 @@ def _is_released(ctx: Any) -> bool:
 
 
 @contextlib.contextmanager
+def _made_current(ctx: Any) -> Iterator[None]:
+    """`ctx` current on this thread (the GL lock held); afterwards no context is current."""
+    if _is_released(ctx):
+        raise GlcompError("the OpenGL context of this runtime was released")
+    with ctx:
+        yield
+
+
+@contextlib.contextmanager
 def _current(ctx: Any) -> Iterator[None]:
     """Hold the GL lock with `ctx` current on this thread; afterwards no context is current."""
-    with _exclusive():
-        if _is_released(ctx):
-            raise GlcompError("the OpenGL context of this runtime was released")
-        with ctx:
-            yield
+    with _exclusive(), _made_current(ctx):
+        yield
 
 
 def _release_now(ctx: Any, objects: list[Any], owns_ctx: bool) -> None:
@@ -229,9 +235,10 @@ def _gl_call(method: _Method) -> _Method:
 
     @functools.wraps(method)
     def call(self: GLRuntime, *args: Any, **kwargs: Any) -> Any:
-        self._check_usable()
-        with _current(self.ctx):
-            return method(self, *args, **kwargs)
+        with _exclusive():
+            self._check_usable()  # under the lock: another thread may have released it
+            with _made_current(self.ctx):
+                return method(self, *args, **kwargs)
 
     return call  # type: ignore[return-value]
 
@@ -337,6 +344,7 @@ class GLRuntime:
 
     @_gl_call
     def info(self) -> dict[str, Any]:
+        """What `context_info` says about this runtime's context."""
         return _info_of(self.ctx)
 
     def _texture(self, ref: Any) -> Any:
