@@ -1,12 +1,18 @@
-"""Checking what callers feed a program, shared by every runtime (reads manifest-style specs)."""
+"""Checking what callers feed a program, shared by every runtime (reads manifest-style specs):
+inputs, the learning rate, optimizer state to load, and the losses read while training."""
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from glcomp.errors import GlcompError
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_input(name: str, spec: dict[str, Any], value: Any) -> np.ndarray:
@@ -31,6 +37,11 @@ def check_input(name: str, spec: dict[str, Any], value: Any) -> np.ndarray:
             )
     elif not np.all(np.isfinite(arr)):
         raise GlcompError(f"input {name!r} holds NaN or infinite values")
+    elif arr.size and arr.dtype.itemsize > 4 and np.abs(arr).max() > FLOAT32_MAX:
+        raise GlcompError(
+            f"input {name!r} holds values up to {float(np.abs(arr).max()):.3g}, beyond float32's range "
+            f"(+-{FLOAT32_MAX:.3g}): they would become infinite on the GPU"
+        )
     return arr
 
 
@@ -43,3 +54,47 @@ def check_feeds(entry: str, specs: dict[str, dict[str, Any]], given: dict[str, A
     if missing:
         raise GlcompError(f"{entry}: missing inputs {missing}")
     return {name: check_input(name, spec, given[name]) for name, spec in specs.items()}
+
+
+def check_lr(lr: Any) -> float:
+    """The learning rate as a float; GlcompError unless it is a finite real number >= 0."""
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+        raise GlcompError(f"set_lr: the learning rate must be a number, got {type(lr).__name__} {lr!r}")
+    value = float(lr)
+    if not math.isfinite(value) or value < 0:
+        raise GlcompError(f"set_lr: the learning rate must be finite and >= 0, got {value}")
+    return value
+
+
+def check_optimizer_option(optimizer: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Check `load_state_dict`'s ``optimizer`` argument: None, "reset", or an optimizer state
+    with every key of `shapes` (the right shapes, finite values)."""
+    from glcomp.nn.module import check_state
+
+    if optimizer is None or (isinstance(optimizer, str) and optimizer == "reset"):
+        return
+    if isinstance(optimizer, Mapping):
+        check_state(optimizer, shapes, "the optimizer state")
+        return
+    raise GlcompError(
+        "load_state_dict: optimizer must be None (keep the optimizer state), 'reset' (zero it) or a "
+        f"dict from optimizer_state(), got {optimizer!r}"
+    )
+
+
+def check_read_loss(loss: float, step: int, read_every: int) -> float:
+    """Return the loss read after `step` (counted from 1 in one train_steps call); raise
+    GlcompError when it is nan or infinite. Losses are read only every `read_every` steps (0:
+    only after the last), so divergence is detected at those read points."""
+    if math.isfinite(loss):
+        return loss
+    earlier = (step - 1) // read_every * read_every if read_every else 0  # the read point before
+    reads = f"every {read_every} steps" if read_every else "after the last step only"
+    when = f" (the loss is read {reads}: it turned non-finite in steps {earlier + 1}-{step})"
+    when = when if step - earlier > 1 else ""
+    raise GlcompError(
+        f"loss is {loss} at step {step} of this train_steps call{when}; training diverged, and the "
+        "weights and optimizer state are no longer usable: restore them with "
+        "load_state_dict(saved_state, optimizer='reset') or reset the optimizer with reset_optimizer(), "
+        "and lower the learning rate with set_lr()"
+    )

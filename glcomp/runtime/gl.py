@@ -4,24 +4,107 @@ It knows nothing about ops: it allocates the textures the manifest lists (once),
 programs (once), uploads inputs, runs an entry point's draws in order and reads back only the
 outputs asked for. Parameters and optimizer state live in two texture sets each; an update
 writes the `next` set and the runtime flips which set is current afterwards.
+
+Contexts, threads and lifetime. moderngl issues GL calls to whichever context is current on the
+calling thread, and GL object names (texture 1, 2, ...) mean different objects in different
+contexts. So every GL call this module makes runs inside `_current(ctx)`: it holds one
+process-wide lock (one GL call at a time, from any thread) and makes the runtime's own context
+current for the call, leaving no context current afterwards, so that any thread may take the
+context next. Runtimes share one default context (`default_context()`, created on first use)
+unless they are given a context or asked for their own (`own_context=True`, freed with the
+runtime). A runtime releases its GL objects on `release()`, on leaving a `with` block, or through
+a finalizer when it is garbage collected; each of these touches only that runtime's objects, in
+that runtime's context. A context passed in by the caller must not be current on another thread
+while a runtime uses it (`create_context()` returns one that is current nowhere).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
-from typing import Any
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
 from glcomp.errors import GlcompError
-from glcomp.runtime.feeds import check_feeds
+from glcomp.runtime.feeds import check_feeds, check_lr, check_optimizer_option, check_read_loss
 from glcomp.runtime.packing import pack, unpack
 
 _QUAD = np.array([-1.0, -1.0, 3.0, -1.0, -1.0, 3.0], dtype="f4")  # one triangle covers the viewport
 
+# -- one GL call at a time -------------------------------------------------------------------------
+_LOCK = threading.Lock()
+_lock_owner: int | None = None  # the thread holding _LOCK
+# GL objects whose runtime was garbage collected while its own thread held _LOCK (a collection can
+# start inside any allocation); they are freed by the next call that takes the lock.
+_pending: list[tuple[Any, list[Any], bool]] = []
+_default_ctx: Any = None
 
-def create_context(backends: tuple[str | None, ...] = ("egl", None)) -> Any:
-    """A headless OpenGL context: EGL first (Mesa llvmpipe or a GPU driver), then the default."""
+
+@contextlib.contextmanager
+def _exclusive() -> Iterator[None]:
+    """Hold the process-wide GL lock; free GL objects whose release had to wait for it."""
+    global _lock_owner
+    if _lock_owner == threading.get_ident():
+        raise GlcompError("a GL runtime was called while another GL call was running on the same thread")
+    with _LOCK:
+        _lock_owner = threading.get_ident()
+        try:
+            while _pending:
+                _release_now(*_pending.pop())
+            yield
+        finally:
+            _lock_owner = None
+
+
+def _is_released(ctx: Any) -> bool:
+    import moderngl
+
+    return isinstance(ctx.mglo, moderngl.InvalidObject)
+
+
+@contextlib.contextmanager
+def _made_current(ctx: Any) -> Iterator[None]:
+    """`ctx` current on this thread (the GL lock held); afterwards no context is current."""
+    if _is_released(ctx):
+        raise GlcompError("the OpenGL context of this runtime was released")
+    with ctx:
+        yield
+
+
+@contextlib.contextmanager
+def _current(ctx: Any) -> Iterator[None]:
+    """Hold the GL lock with `ctx` current on this thread; afterwards no context is current."""
+    with _exclusive(), _made_current(ctx):
+        yield
+
+
+def _release_now(ctx: Any, objects: list[Any], owns_ctx: bool) -> None:
+    """Free `objects` (created in `ctx`), then `ctx` itself when it is owned; needs the GL lock."""
+    if not _is_released(ctx):  # a released context took its objects with it
+        with ctx:
+            for obj in reversed(objects):
+                obj.release()
+        if owns_ctx:
+            ctx.release()
+    objects.clear()
+
+
+def _release_gl(ctx: Any, objects: list[Any], owns_ctx: bool) -> None:
+    """What `GLRuntime.release()` and its finalizer run (once): free the runtime's GL objects."""
+    if _lock_owner == threading.get_ident():  # collected during a GL call on this thread
+        _pending.append((ctx, objects, owns_ctx))
+        return
+    with _exclusive():
+        _release_now(ctx, objects, owns_ctx)
+
+
+# -- contexts --------------------------------------------------------------------------------------
+def _new_context(backends: tuple[str | None, ...]) -> Any:
     try:
         import moderngl
     except ImportError as err:
@@ -32,9 +115,13 @@ def create_context(backends: tuple[str | None, ...] = ("egl", None)) -> Any:
     for backend in backends:
         try:
             kwargs = {"backend": backend} if backend else {}
-            return moderngl.create_context(standalone=True, require=330, **kwargs)
+            ctx = moderngl.create_context(standalone=True, require=330, **kwargs)
         except Exception as err:
             errors.append(f"{backend or 'default'}: {err}")
+            continue
+        with ctx:  # creating it made it current here; leave it current nowhere, free for any thread
+            pass
+        return ctx
     raise GlcompError(
         "no OpenGL context could be created (tried " + "; ".join(errors) + "). "
         "Install Mesa's EGL/llvmpipe (apt-get install libegl1 libgl1-mesa-dri) or use "
@@ -42,7 +129,26 @@ def create_context(backends: tuple[str | None, ...] = ("egl", None)) -> Any:
     )
 
 
-def context_info(ctx: Any) -> dict[str, Any]:
+def create_context(backends: tuple[str | None, ...] = ("egl", None)) -> Any:
+    """A new headless OpenGL context: EGL first (Mesa llvmpipe or a GPU driver), then the default.
+
+    The context is current on no thread when returned; the caller owns it (``ctx.release()``).
+    """
+    with _exclusive():
+        return _new_context(backends)
+
+
+def default_context() -> Any:
+    """The context that runtimes share unless given one: created on first use (again if it was
+    released) and kept for the life of the process."""
+    global _default_ctx
+    with _exclusive():
+        if _default_ctx is None or _is_released(_default_ctx):
+            _default_ctx = _new_context(("egl", None))
+        return _default_ctx
+
+
+def _info_of(ctx: Any) -> dict[str, Any]:
     info = ctx.info
     return {
         "renderer": info.get("GL_RENDERER"),
@@ -54,6 +160,12 @@ def context_info(ctx: Any) -> dict[str, Any]:
     }
 
 
+def context_info(ctx: Any) -> dict[str, Any]:
+    """Renderer, vendor, version and the limits a bundle is checked against."""
+    with _current(ctx):
+        return _info_of(ctx)
+
+
 _PROBE_VERT = "#version 330\nin vec2 a_position;\nvoid main() { gl_Position = vec4(a_position, 0.0, 1.0); }\n"
 _PROBE_FRAG = "#version 330\nout vec4 color;\nvoid main() { color = vec4(1.5, -2.0, 0.25, 65536.0); }\n"
 
@@ -61,6 +173,11 @@ _PROBE_FRAG = "#version 330\nout vec4 color;\nvoid main() { color = vec4(1.5, -2
 def probe_float_targets(ctx: Any) -> dict[str, bool]:
     """Whether RGBA32F textures can be rendered to (values outside [0, 1] survive) and blended
     additively (ONE, ONE) into, checked by drawing one pixel and reading it back."""
+    with _current(ctx):
+        return _probe(ctx)
+
+
+def _probe(ctx: Any) -> dict[str, bool]:
     import moderngl
 
     result = {"float_render_targets": False, "float_blending": False}
@@ -110,46 +227,101 @@ def _compile_error(kernel: str, source: str, err: Exception) -> GlcompError:
     )
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _gl_call(method: _Method) -> _Method:
+    """Run a runtime method with the runtime's context current, one GL call at a time."""
+
+    @functools.wraps(method)
+    def call(self: GLRuntime, *args: Any, **kwargs: Any) -> Any:
+        with _exclusive():
+            self._check_usable()  # under the lock: another thread may have released it
+            with _made_current(self.ctx):
+                return method(self, *args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
 class GLRuntime:
-    """Runs a Bundle through moderngl; the same interface as the reference runtime."""
+    """Runs a Bundle through moderngl; the same interface as the reference runtime.
 
-    def __init__(self, bundle: Any, ctx: Any = None) -> None:
-        import moderngl
+    ``ctx``: the context to run in (default: the shared `default_context()`); ``own_context=True``
+    creates a context for this runtime alone, released with it. Several runtimes may live in one
+    process and be called from any thread: calls are serialised and each runs in the runtime's
+    own context. Use it as a context manager or call `release()`; a runtime that is dropped
+    without either is released by a finalizer. A released runtime raises GlcompError when used.
+    """
 
+    def __init__(self, bundle: Any, ctx: Any = None, own_context: bool = False) -> None:
+        if ctx is not None and own_context:
+            raise GlcompError("GLRuntime: pass either ctx or own_context=True, not both")
         self.bundle = bundle
-        m = bundle.manifest
-        self.manifest = m
-        self.ctx = ctx if ctx is not None else create_context()
-        self._check_limits()
-        self.hyper = dict(m["hyper"])
-        self.counters = {k: np.array(bundle.weights[k]) for k in m["counters"]}
+        self.manifest = bundle.manifest
+        self.ctx = create_context() if own_context else ctx if ctx is not None else default_context()
+        self.hyper = dict(self.manifest["hyper"])
+        self.counters = {k: np.array(bundle.weights[k]) for k in self.manifest["counters"]}
+        self.parity = {name: 0 for name in self.manifest["states"]}
         self.textures: dict[str, Any] = {}
-        for name, t in m["textures"].items():
-            tex = self.ctx.texture((t["width"], t["height"]), 4, dtype="f4")
-            tex.filter = (moderngl.NEAREST, moderngl.NEAREST)
-            tex.repeat_x = tex.repeat_y = False
-            self.textures[name] = tex
-        self.parity = {name: 0 for name in m["states"]}
-        self._vbo = self.ctx.buffer(_QUAD.tobytes())
         self.programs: dict[str, Any] = {}
         self.vaos: dict[str, Any] = {}
         self._fbos: dict[tuple[int, ...], Any] = {}
-        vert = bundle.shaders[m["vertex_shader"]]
+        self._released = False
+        # Every GL object this runtime creates, in creation order; the finalizer holds this list
+        # and the context, never the runtime, so it can run when the runtime is collected.
+        self._objects: list[Any] = []
+        self._finalizer = weakref.finalize(self, _release_gl, self.ctx, self._objects, own_context)
+        self._finalizer.atexit = False  # at exit the process takes the contexts with it
+        try:
+            with _current(self.ctx):
+                self._check_limits()
+                self._allocate()
+        except BaseException:
+            self.release()
+            raise
+
+    # -- setup --------------------------------------------------------------------------------------
+    def _new(self, obj: Any) -> Any:
+        self._objects.append(obj)
+        return obj
+
+    def _allocate(self) -> None:
+        import moderngl
+
+        m, ctx = self.manifest, self.ctx
+        ctx.clear_errors()
+        for name, t in m["textures"].items():
+            size = (t["width"], t["height"])
+            what = f"texture {name!r} ({size[0]}x{size[1]} RGBA32F, {size[0] * size[1] * 16} bytes)"
+            try:
+                tex = self._new(ctx.texture(size, 4, dtype="f4"))
+            except Exception as err:
+                raise GlcompError(f"{what} could not be allocated: {err}") from None
+            error = ctx.error
+            if error != "GL_NO_ERROR":
+                total = m.get("memory", {}).get("texture_bytes", "?")
+                raise GlcompError(
+                    f"{what} could not be allocated: {error} (the bundle needs {total} bytes of textures)"
+                )
+            tex.filter = (moderngl.NEAREST, moderngl.NEAREST)
+            tex.repeat_x = tex.repeat_y = False
+            self.textures[name] = tex
+        vbo = self._new(ctx.buffer(_QUAD.tobytes()))
+        vert = self.bundle.shaders[m["vertex_shader"]]
         kernel_of = {d["program"]: d["kernel"] for e in m["entries"].values() for d in e["draws"]}
         for pid, p in m["programs"].items():
-            frag = bundle.shaders[p["fragment"]]
+            frag = self.bundle.shaders[p["fragment"]]
             try:
-                prog = self.ctx.program(vertex_shader=vert, fragment_shader=frag)
+                prog = self._new(ctx.program(vertex_shader=vert, fragment_shader=frag))
             except Exception as err:
                 raise _compile_error(kernel_of.get(pid, pid), frag, err) from None
             self.programs[pid] = prog
-            self.vaos[pid] = self.ctx.vertex_array(prog, [(self._vbo, "2f", "a_position")])
+            self.vaos[pid] = self._new(ctx.vertex_array(prog, [(vbo, "2f", "a_position")]))
         for name in m["states"]:
-            self._upload_state(name, bundle.weights[name])
+            self._upload_state(name, self.bundle.weights[name])
 
-    # -- setup --------------------------------------------------------------------------------------
     def _check_limits(self) -> None:
-        info = context_info(self.ctx)
+        info = _info_of(self.ctx)
         need = max(
             [t["width"] for t in self.manifest["textures"].values()]
             + [t["height"] for t in self.manifest["textures"].values()]
@@ -166,8 +338,14 @@ class GLRuntime:
                 f"the bundle needs {outputs} draw buffers; {info['renderer']} has {info['max_draw_buffers']}"
             )
 
+    def _check_usable(self) -> None:
+        if self._released:
+            raise GlcompError("this GL runtime was released; create a new one to run the bundle")
+
+    @_gl_call
     def info(self) -> dict[str, Any]:
-        return context_info(self.ctx)
+        """What `context_info` says about this runtime's context."""
+        return _info_of(self.ctx)
 
     def _texture(self, ref: Any) -> Any:
         if isinstance(ref, str):
@@ -188,21 +366,44 @@ class GLRuntime:
             pages.append(data.reshape(tex.height, tex.width, 4))
         return unpack(pages, layout)
 
-    def _upload_state(self, name: str, value: np.ndarray) -> None:
+    def _state_refs(self, name: str) -> list[dict[str, Any]]:
+        pages = self.manifest["states"][name]["layout"]["pages"]
+        return [{"state": name, "version": "cur", "page": p} for p in range(pages)]
+
+    def _upload_state(self, name: str, value: Any) -> None:
         st = self.manifest["states"][name]
-        refs = [{"state": name, "version": "cur", "page": p} for p in range(st["layout"]["pages"])]
-        self._write(refs, np.asarray(value, np.float32), st["layout"])
+        self._write(self._state_refs(name), np.asarray(value, np.float32), st["layout"])
+
+    def _read_states(self, roles: Iterable[str]) -> dict[str, np.ndarray]:
+        return {
+            name: self._read(self._state_refs(name), st["layout"])
+            for name, st in self.manifest["states"].items()
+            if st["role"] in roles
+        }
+
+    def _state_shapes(self, roles: Iterable[str]) -> dict[str, tuple[int, ...]]:
+        return {
+            name: tuple(st["layout"]["shape"])
+            for name, st in self.manifest["states"].items()
+            if st["role"] in roles
+        }
 
     def _framebuffer(self, targets: list[Any]) -> Any:
         texs = [self._texture(r) for r in targets]
         key = tuple(id(t) for t in texs)
         if key not in self._fbos:
-            self._fbos[key] = self.ctx.framebuffer(color_attachments=texs)
+            self._fbos[key] = self._new(self.ctx.framebuffer(color_attachments=texs))
         return self._fbos[key]
 
     # -- execution --------------------------------------------------------------------------------
+    @_gl_call
     def run(self, entry: str, inputs: dict[str, Any], read: list[str] | None = None) -> dict[str, np.ndarray]:
         """Upload `inputs`, run the entry point's draws, flip updated states, read back `read`."""
+        return self._run(entry, inputs, read)
+
+    def _run(
+        self, entry: str, inputs: dict[str, Any], read: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
         m = self.manifest
         if entry not in m["entries"]:
             raise GlcompError(f"{entry}: not in this bundle (compile with a loss and an optimizer)")
@@ -219,6 +420,9 @@ class GLRuntime:
             outputs[name] = self._read(out["textures"], out["layout"])
         for name in e["updates"]:
             self.parity[name] ^= 1
+        if entry == "train_step":
+            for name in self.counters:
+                self.counters[name] = self.counters[name] + 1
         return outputs
 
     def _draw(self, d: dict[str, Any]) -> None:
@@ -245,88 +449,109 @@ class GLRuntime:
         self.vaos[d["program"]].render(moderngl.TRIANGLES, vertices=3)
 
     # -- the runtime interface --------------------------------------------------------------------
+    @_gl_call
     def predict(self, **inputs: Any) -> np.ndarray:
-        out = self.run("predict", inputs)
+        out = self._run("predict", inputs, None)
         return out["output"] if list(out) == ["output"] else out
 
+    @_gl_call
     def gradients(self, **inputs: Any) -> dict[str, np.ndarray]:
-        out = self.run("gradients", inputs)
+        out = self._run("gradients", inputs, None)
         return {k[5:]: v for k, v in out.items() if k.startswith("grad:")}
 
+    @_gl_call
     def train_step(self, **inputs: Any) -> float:
-        out = self.run("train_step", inputs, read=["loss"])
-        for name in self.counters:
-            self.counters[name] = self.counters[name] + 1
+        """One forward, backward and optimizer step; returns the loss (nan or inf when the
+        training diverged: the step is taken all the same)."""
+        out = self._run("train_step", inputs, read=["loss"])
         return float(out["loss"])
 
-    def train_steps(self, batches: Any, read_every: int = 0) -> list[float]:
+    @_gl_call
+    def train_steps(self, batches: Iterable[dict[str, Any]], read_every: int = 0) -> list[float]:
         """Run one train step per batch (a dict of inputs). The loss is read back only every
         `read_every` steps and after the last one (0: only the last), so the GPU is not stalled
-        by a readback each step; returns the losses that were read."""
-        losses = []
+        by a readback each step; returns the losses that were read.
+
+        Divergence is detected where a loss is read: a nan or infinite loss raises GlcompError
+        naming the step (the steps up to it have been taken)."""
+        losses: list[float] = []
         batches = list(batches)
         for i, batch in enumerate(batches):
-            last = i == len(batches) - 1
-            read = last or (read_every and (i + 1) % read_every == 0)
-            out = self.run("train_step", batch, read=["loss"] if read else [])
-            for name in self.counters:
-                self.counters[name] = self.counters[name] + 1
+            read = i == len(batches) - 1 or bool(read_every and (i + 1) % read_every == 0)
+            out = self._run("train_step", batch, read=["loss"] if read else [])
             if read:
-                losses.append(float(out["loss"]))
+                losses.append(check_read_loss(float(out["loss"]), i + 1, read_every))
         return losses
 
     def gl_objects(self) -> int:
-        """How many GL objects this runtime holds (constant after construction)."""
-        return len(self.textures) + len(self.programs) + len(self.vaos) + len(self._fbos) + 1
+        """How many GL objects this runtime holds (constant after the first call of each entry
+        point; 0 once released)."""
+        return len(self._objects)
 
     def set_lr(self, lr: float) -> None:
-        self.hyper["lr"] = float(lr)
+        """Set the learning rate (a finite number >= 0) used by the following train steps."""
+        self._check_usable()
+        self.hyper["lr"] = check_lr(lr)
 
+    @_gl_call
     def state_dict(self) -> dict[str, np.ndarray]:
-        out = {}
-        for name, st in self.manifest["states"].items():
-            if st["role"] in ("param", "buffer"):
-                refs = [{"state": name, "version": "cur", "page": p} for p in range(st["layout"]["pages"])]
-                out[name] = self._read(refs, st["layout"])
+        """Parameters, buffers and counters by their torch names (copies)."""
+        out = self._read_states(("param", "buffer"))
         out |= {k: v.copy() for k, v in self.counters.items()}
         return out
 
+    @_gl_call
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """The optimizer state (``opt.<param>.<slot>``, ``opt.step``) as it is now."""
-        out = {}
-        for name, st in self.manifest["states"].items():
-            if st["role"] == "state":
-                refs = [{"state": name, "version": "cur", "page": p} for p in range(st["layout"]["pages"])]
-                out[name] = self._read(refs, st["layout"])
-        return out
+        return self._read_states(("state",))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    @_gl_call
+    def reset_optimizer(self) -> None:
+        """Set every optimizer state (moments, momentum, the step count ``opt.step``) to zero."""
+        self._reset_optimizer()
+
+    def _reset_optimizer(self) -> None:
+        for name, shape in self._state_shapes(("state",)).items():
+            self._upload_state(name, np.zeros(shape, np.float32))
+
+    @_gl_call
+    def load_state_dict(
+        self, state: Mapping[str, Any], optimizer: str | Mapping[str, Any] | None = None
+    ) -> None:
+        """Load parameters, buffers and counters (every key, right shapes, finite values).
+
+        ``optimizer``: None keeps the optimizer state as it is, ``"reset"`` zeroes it (as
+        `reset_optimizer`), a dict from `optimizer_state()` restores it. Everything is checked
+        before anything is loaded."""
         from glcomp.nn.module import check_state
 
-        shapes = {
-            k: tuple(st["layout"]["shape"])
-            for k, st in self.manifest["states"].items()
-            if st["role"] in ("param", "buffer")
-        }
-        shapes |= {k: () for k in self.counters}
+        shapes = self._state_shapes(("param", "buffer")) | {k: () for k in self.counters}
         check_state(state, shapes, "runtime")
+        opt_shapes = self._state_shapes(("state",))
+        check_optimizer_option(optimizer, opt_shapes)
         for k in shapes:
             if k in self.counters:
                 self.counters[k] = np.array(state[k], dtype=np.int64)
             else:
                 self._upload_state(k, np.asarray(state[k], np.float32).reshape(shapes[k]))
+        if optimizer == "reset":
+            self._reset_optimizer()
+        elif isinstance(optimizer, Mapping):
+            for k, shape in opt_shapes.items():
+                self._upload_state(k, np.asarray(optimizer[k], np.float32).reshape(shape))
 
+    # -- lifetime ---------------------------------------------------------------------------------
     def release(self) -> None:
-        """Free every GL object this runtime created."""
-        for obj in [
-            *self._fbos.values(),
-            *self.vaos.values(),
-            *self.programs.values(),
-            *self.textures.values(),
-            self._vbo,
-        ]:
-            obj.release()
-        self._fbos.clear()
-        self.vaos.clear()
-        self.programs.clear()
-        self.textures.clear()
+        """Free every GL object this runtime created (and its context if it owns one). Safe to
+        call more than once; other runtimes, even on the same context, are not touched."""
+        self._released = True
+        self._finalizer()
+        for objects in (self._fbos, self.vaos, self.programs, self.textures):
+            objects.clear()
+
+    def __enter__(self) -> GLRuntime:
+        self._check_usable()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

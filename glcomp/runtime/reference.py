@@ -6,6 +6,7 @@ topological order, then copy updated parameters, buffers and optimizer state bac
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
 from glcomp.nn.module import check_state
 from glcomp.program import Program
+from glcomp.runtime.feeds import check_lr, check_optimizer_option, check_read_loss
 
 
 def evaluate(graph: Graph, feeds: dict[str, np.ndarray], dtype: Any = np.float32) -> dict[str, np.ndarray]:
@@ -37,7 +39,11 @@ def evaluate(graph: Graph, feeds: dict[str, np.ndarray], dtype: Any = np.float32
 
 
 class ReferenceRuntime:
-    """Runs a Program in numpy. float32 by default; ``dtype=np.float64`` for gradient checks."""
+    """Runs a Program in numpy. float32 by default; ``dtype=np.float64`` for gradient checks.
+
+    The same interface and checks as the GL runtime, including `release()` and ``with``: a
+    released runtime raises GlcompError when used.
+    """
 
     def __init__(self, program: Program, dtype: Any = np.float32) -> None:
         self.program = program
@@ -47,8 +53,10 @@ class ReferenceRuntime:
         self.counters = {k: v.copy() for k, v in program.counters.items()}
         self.opt_state = {k: v.astype(self.dtype) for k, v in program.opt_state.items()}
         self.lr = program.lr
+        self._released = False
 
     def _run(self, entry: str, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        self._check_usable()
         if entry not in self.program.graphs:
             raise GlcompError(f"{entry}: not compiled (pass a loss and an optimizer to glcomp.compile)")
         feeds: dict[str, Any] = dict(self.program.feeds(entry, inputs))
@@ -65,6 +73,8 @@ class ReferenceRuntime:
         return {k[5:]: v for k, v in out.items() if k.startswith("grad:")}
 
     def train_step(self, **inputs: Any) -> float:
+        """One forward, backward and optimizer step; returns the loss (nan or inf when the
+        training diverged: the step is taken all the same)."""
         out = self._run("train_step", inputs)
         for key, value in out.items():
             kind, _, name = key.partition(":")
@@ -75,27 +85,72 @@ class ReferenceRuntime:
             self.counters[name] = self.counters[name] + 1
         return float(out["loss"])
 
-    def train_steps(self, batches: Any, read_every: int = 0) -> list[float]:
-        """Same contract as the GL runtime's: the losses of every `read_every`-th and the last step."""
+    def train_steps(self, batches: Iterable[dict[str, Any]], read_every: int = 0) -> list[float]:
+        """Same contract as the GL runtime's: the losses of every `read_every`-th and the last step,
+        and GlcompError naming the step when a loss read there is nan or infinite."""
         batches = list(batches)
         losses = []
         for i, batch in enumerate(batches):
             loss = self.train_step(**batch)
             if i == len(batches) - 1 or (read_every and (i + 1) % read_every == 0):
-                losses.append(loss)
+                losses.append(check_read_loss(loss, i + 1, read_every))
         return losses
 
     def set_lr(self, lr: float) -> None:
-        self.lr = float(lr)
+        """Set the learning rate (a finite number >= 0) used by the following train steps."""
+        self._check_usable()
+        self.lr = check_lr(lr)
 
     def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters, buffers and counters by their torch names (copies)."""
+        self._check_usable()
         out = {k: v.copy() for k, v in self.params.items()}
         out |= {k: v.copy() for k, v in self.buffers.items()}
         out |= {k: v.copy() for k, v in self.counters.items()}
         return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer state (``opt.<param>.<slot>``, ``opt.step``) as it is now (copies)."""
+        self._check_usable()
+        return {k: v.copy() for k, v in self.opt_state.items()}
+
+    def reset_optimizer(self) -> None:
+        """Set every optimizer state (moments, momentum, the step count ``opt.step``) to zero."""
+        self._check_usable()
+        self.opt_state = {k: np.zeros_like(v) for k, v in self.opt_state.items()}
+
+    def load_state_dict(
+        self, state: Mapping[str, Any], optimizer: str | Mapping[str, Any] | None = None
+    ) -> None:
+        """Load parameters, buffers and counters (every key, right shapes, finite values).
+
+        ``optimizer``: None keeps the optimizer state as it is, ``"reset"`` zeroes it (as
+        `reset_optimizer`), a dict from `optimizer_state()` restores it. Everything is checked
+        before anything is loaded."""
+        self._check_usable()
         check_state(state, self.program.state_shapes(), "runtime")
+        check_optimizer_option(optimizer, {k: v.shape for k, v in self.opt_state.items()})
         for store in (self.params, self.buffers, self.counters):
             for k in store:
                 store[k] = np.asarray(state[k]).astype(store[k].dtype).reshape(store[k].shape)
+        if optimizer == "reset":
+            self.reset_optimizer()
+        elif isinstance(optimizer, Mapping):
+            for k, v in self.opt_state.items():
+                self.opt_state[k] = np.asarray(optimizer[k]).astype(v.dtype).reshape(v.shape)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._released:
+            raise GlcompError("this reference runtime was released; create a new one")
+
+    def release(self) -> None:
+        """Mark the runtime released (it holds no GPU resources); safe to call more than once."""
+        self._released = True
+
+    def __enter__(self) -> ReferenceRuntime:
+        self._check_usable()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
