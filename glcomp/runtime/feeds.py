@@ -43,3 +43,12 @@ def check_feeds(entry: str, specs: dict[str, dict[str, Any]], given: dict[str, A
     if missing:
         raise GlcompError(f"{entry}: missing inputs {missing}")
     return {name: check_input(name, spec, given[name]) for name, spec in specs.items()}
+
+
+def refuse_positional(entry: str, args: tuple[Any, ...], names: list[str]) -> None:
+    """Runtimes take inputs by name only; a positional argument is a GlcompError saying so."""
+    if args:
+        example = ", ".join(f"{n}=..." for n in names) or "..."
+        raise GlcompError(
+            f"pass inputs by name: {entry}({example}); got {len(args)} positional argument(s)"
+        )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from glcomp.errors import GlcompError
-from glcomp.runtime.feeds import check_feeds
+from glcomp.runtime.feeds import check_feeds, refuse_positional
 from glcomp.runtime.packing import pack, unpack
 
 _QUAD = np.array([-1.0, -1.0, 3.0, -1.0, -1.0, 3.0], dtype="f4")  # one triangle covers the viewport
@@ -245,19 +245,26 @@ class GLRuntime:
         self.vaos[d["program"]].render(moderngl.TRIANGLES, vertices=3)
 
     # -- the runtime interface --------------------------------------------------------------------
-    def predict(self, **inputs: Any) -> np.ndarray:
+    def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
+        refuse_positional('predict', args, self._input_names('predict'))
         out = self.run("predict", inputs)
         return out["output"] if list(out) == ["output"] else out
 
-    def gradients(self, **inputs: Any) -> dict[str, np.ndarray]:
+    def gradients(self, *args: Any, **inputs: Any) -> dict[str, np.ndarray]:
+        refuse_positional('gradients', args, self._input_names('gradients'))
         out = self.run("gradients", inputs)
         return {k[5:]: v for k, v in out.items() if k.startswith("grad:")}
 
-    def train_step(self, **inputs: Any) -> float:
+    def train_step(self, *args: Any, **inputs: Any) -> float:
+        refuse_positional('train_step', args, self._input_names('train_step'))
         out = self.run("train_step", inputs, read=["loss"])
         for name in self.counters:
             self.counters[name] = self.counters[name] + 1
         return float(out["loss"])
+
+    def _input_names(self, entry: str) -> list[str]:
+        e = self.manifest["entries"].get(entry)
+        return list(e["inputs"]) if e else []
 
     def train_steps(self, batches: Any, read_every: int = 0) -> list[float]:
         """Run one train step per batch (a dict of inputs). The loss is read back only every
