@@ -138,7 +138,8 @@ def _check_arguments(
         raise GlcompError(f"model must be a glcomp.nn.Module instance, got {_what(model)}")
     if not isinstance(inputs, dict) or not inputs:
         raise GlcompError(
-            f"inputs must be a non-empty dict of input name -> shape, e.g. {{'x': (64, 784)}}; got {_what(inputs)}"
+            "inputs must be a non-empty dict of input name -> shape, e.g. {'x': (64, 784)}; "
+            f"got {_what(inputs)}"
         )
     for name, shape in inputs.items():
         if not isinstance(name, str) or not name.isidentifier():

@@ -301,6 +301,8 @@ def _single_axis(dim: Any, ndim: int, what: str) -> int:
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise _fail(f"{what}(dim): dim must be one int (a tensor for the elementwise form), got {dim!r}")
     return _axis(dim, ndim)
+
+
 def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], list | tuple):
         shape = tuple(shape[0])

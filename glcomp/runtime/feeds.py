@@ -49,6 +49,4 @@ def refuse_positional(entry: str, args: tuple[Any, ...], names: list[str]) -> No
     """Runtimes take inputs by name only; a positional argument is a GlcompError saying so."""
     if args:
         example = ", ".join(f"{n}=..." for n in names) or "..."
-        raise GlcompError(
-            f"pass inputs by name: {entry}({example}); got {len(args)} positional argument(s)"
-        )
+        raise GlcompError(f"pass inputs by name: {entry}({example}); got {len(args)} positional argument(s)")

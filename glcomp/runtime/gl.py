@@ -246,17 +246,17 @@ class GLRuntime:
 
     # -- the runtime interface --------------------------------------------------------------------
     def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
-        refuse_positional('predict', args, self._input_names('predict'))
+        refuse_positional("predict", args, self._input_names("predict"))
         out = self.run("predict", inputs)
         return out["output"] if list(out) == ["output"] else out
 
     def gradients(self, *args: Any, **inputs: Any) -> dict[str, np.ndarray]:
-        refuse_positional('gradients', args, self._input_names('gradients'))
+        refuse_positional("gradients", args, self._input_names("gradients"))
         out = self.run("gradients", inputs)
         return {k[5:]: v for k, v in out.items() if k.startswith("grad:")}
 
     def train_step(self, *args: Any, **inputs: Any) -> float:
-        refuse_positional('train_step', args, self._input_names('train_step'))
+        refuse_positional("train_step", args, self._input_names("train_step"))
         out = self.run("train_step", inputs, read=["loss"])
         for name in self.counters:
             self.counters[name] = self.counters[name] + 1

@@ -64,17 +64,17 @@ class ReferenceRuntime:
         return evaluate(self.program.graphs[entry], feeds, self.dtype)
 
     def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
-        refuse_positional('predict', args, self._input_names('predict'))
+        refuse_positional("predict", args, self._input_names("predict"))
         out = self._run("predict", inputs)
         return out["output"] if "output" in out else out
 
     def gradients(self, *args: Any, **inputs: Any) -> dict[str, np.ndarray]:
-        refuse_positional('gradients', args, self._input_names('gradients'))
+        refuse_positional("gradients", args, self._input_names("gradients"))
         out = self._run("gradients", inputs)
         return {k[5:]: v for k, v in out.items() if k.startswith("grad:")}
 
     def train_step(self, *args: Any, **inputs: Any) -> float:
-        refuse_positional('train_step', args, self._input_names('train_step'))
+        refuse_positional("train_step", args, self._input_names("train_step"))
         out = self._run("train_step", inputs)
         for key, value in out.items():
             kind, _, name = key.partition(":")
