@@ -11,7 +11,7 @@ from glcomp import (
 from glcomp.compiler import compile
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
-from glcomp.ir.tensor import Tensor, cat, stack
+from glcomp.ir.tensor import MinMax, Tensor, cat, maximum, minimum, stack, where
 from glcomp.ir.trace import trace
 from glcomp.nn.init import manual_seed
 from glcomp.program import Program
@@ -30,14 +30,18 @@ def load(directory: str) -> "object":
 __all__ = [
     "GlcompError",
     "Graph",
+    "MinMax",
     "Program",
     "Tensor",
     "cat",
     "compile",
     "load",
     "manual_seed",
+    "maximum",
+    "minimum",
     "nn",
     "optim",
     "stack",
     "trace",
+    "where",
 ]

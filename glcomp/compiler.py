@@ -41,10 +41,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     (max_texture_size, max_draw_buffers, max_texture_units, max_loop_iterations) and
     ``passes={"fusion": ..., "mrt": ..., "memplan": ...}`` to switch passes off.
     """
-    if target not in TARGETS:
-        raise GlcompError(f"unknown target {target!r}; use one of {TARGETS}")
-    if not isinstance(inputs, dict) or not inputs:
-        raise GlcompError("inputs must be a dict of input name -> shape, e.g. {'x': (64, 784)}")
+    _check_arguments(model, inputs, loss, optimizer, target, target_name, clip_grad_value, clip_grad_norm)
+    _check_options(options)
     graphs: dict[str, Graph] = {}
 
     predict, _, result = trace_module(model, inputs, training=False)
@@ -93,11 +91,13 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
         train.outputs[f"buffer:{name}"] = tensor.node
     with origin(f"optimizer ({type(optimizer).__name__})"):
         lr = Tensor(train, train.add_input("lr", (), "hyper"))
-        step = None
-        if optimizer.uses_step():
-            step = Tensor(train, train.add_input("opt.step", (), "state")) + 1.0
-            train.outputs["state:opt.step"] = step.node
-            program.opt_state["opt.step"] = np.zeros((), np.float32)
+        scalars = {}
+        for key, initial in optimizer.scalars().items():
+            scalars[key] = Tensor(train, train.add_input(f"opt.{key}", (), "state"))
+            program.opt_state[f"opt.{key}"] = np.full((), initial, np.float32)
+        shared = optimizer.advance(scalars)
+        for key in scalars:
+            train.outputs[f"state:opt.{key}"] = shared[key].node
         for name in trainable:
             p = Tensor(train, train.inputs[name])
             g = Tensor(train, train.outputs[f"grad:{name}"])
@@ -106,13 +106,98 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
                 key = f"opt.{name}.{slot}"
                 slots[slot] = Tensor(train, train.add_input(key, p.shape, "state"))
                 program.opt_state[key] = np.zeros(p.shape, np.float32)
-            new_p, new_slots = optimizer.update(p, g, slots, lr, step)
+            new_p, new_slots = optimizer.update(p, g, slots, lr, shared)
             train.outputs[f"param:{name}"] = new_p.node
             for slot, t in new_slots.items():
                 train.outputs[f"state:opt.{name}.{slot}"] = t.node
     keep = ["loss"] + [k for k in train.outputs if k.split(":")[0] in ("param", "state", "buffer")]
     graphs["train_step"] = _finish(_only(train, keep))
     return program
+
+
+def _what(value: Any) -> str:
+    return f"the class {value.__name__}" if isinstance(value, type) else f"a {type(value).__name__}"
+
+
+def _check_arguments(
+    model: Any,
+    inputs: Any,
+    loss: Any,
+    optimizer: Any,
+    target: Any,
+    target_name: Any,
+    clip_value: Any,
+    clip_norm: Any,
+) -> None:
+    """Every argument of `compile` checked up front, each mistake named (GlcompError)."""
+    from glcomp.nn.layers import _Loss
+
+    if isinstance(model, type) and issubclass(model, Module):
+        raise GlcompError(f"model: got the class {model.__name__}; pass an instance, e.g. {model.__name__}()")
+    if not isinstance(model, Module):
+        raise GlcompError(f"model must be a glcomp.nn.Module instance, got {_what(model)}")
+    if not isinstance(inputs, dict) or not inputs:
+        raise GlcompError(
+            "inputs must be a non-empty dict of input name -> shape, e.g. {'x': (64, 784)}; "
+            f"got {_what(inputs)}"
+        )
+    for name, shape in inputs.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GlcompError(f"inputs: name {name!r} must be a string naming a forward() argument")
+        dims = shape.shape if isinstance(shape, np.ndarray) else shape
+        if not isinstance(dims, tuple | list) or not all(
+            isinstance(d, int | np.integer) and not isinstance(d, bool) for d in dims
+        ):
+            raise GlcompError(
+                f"inputs[{name!r}] must be a shape (a tuple of ints, batch first), got {shape!r}"
+            )
+    for what, value, base, example in (
+        ("loss", loss, _Loss, "nn.CrossEntropyLoss()"),
+        ("optimizer", optimizer, Optimizer, "optim.Adam(lr=1e-3)"),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, type):
+            hint = f"{value.__name__}()" if issubclass(value, base) else example
+            raise GlcompError(f"{what}: got the class {value.__name__}; pass an instance, e.g. {what}={hint}")
+        if not isinstance(value, base):
+            kind = "glcomp.nn loss module" if what == "loss" else "glcomp.optim optimizer"
+            raise GlcompError(f"{what} must be a {kind} such as {example}, got {_what(value)} {value!r:.60}")
+    if not isinstance(target, str) or target not in TARGETS:
+        raise GlcompError(f"unknown target {target!r}; use one of {TARGETS}")
+    if not isinstance(target_name, str) or not target_name.isidentifier():
+        raise GlcompError(f"target_name must be a name such as 'y', got {target_name!r}")
+    for what, value in (("clip_grad_value", clip_value), ("clip_grad_norm", clip_norm)):
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise GlcompError(f"{what} must be a positive number or None, got {value!r}")
+        if value is not None and optimizer is None:
+            raise GlcompError(f"{what} applies to the train step: it needs an optimizer")
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """Target limits and ``passes`` as the code generator understands them (checked now, not
+    when a GL runtime is first built)."""
+    from glcomp.codegen.bundle import PASSES
+    from glcomp.codegen.target import Target
+
+    limits = set(Target.__dataclass_fields__) - {"name", "glsl_version"}
+    unknown = sorted(set(options) - limits - {"passes"})
+    if unknown:
+        raise GlcompError(f"unknown compile options {unknown}; known: {sorted(limits | {'passes'})}")
+    for key in set(options) & limits:
+        value, kind = options[key], Target.__dataclass_fields__[key].type
+        if kind in (bool, "bool"):
+            if not isinstance(value, bool | np.bool_):
+                raise GlcompError(f"{key} must be True or False, got {value!r}")
+        elif not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+            raise GlcompError(f"{key} must be a positive int, got {value!r}")
+    passes = options.get("passes")
+    if passes is not None:
+        if not isinstance(passes, dict):
+            raise GlcompError(f"passes must be a dict such as {{'fusion': False}}, got {_what(passes)}")
+        bad = sorted(set(passes) - set(PASSES))
+        if bad:
+            raise GlcompError(f"unknown passes {bad}; known: {sorted(PASSES)}")
 
 
 def _clip(graph: Graph, names: list[str], value: float | None, norm: float | None) -> None:

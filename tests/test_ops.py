@@ -239,6 +239,7 @@ ORACLES: dict[str, Callable[..., np.ndarray]] = {
     "div": per_element(operator.truediv),
     "maximum": per_element(lambda a, b: a if a >= b else b),
     "eq": per_element(lambda a, b: 1.0 if a == b else 0.0),
+    "where": per_element(lambda c, a, b: a if c != 0 else b),
     "one_hot": o_one_hot,
     "matmul": o_matmul,
     "reshape": o_reshape,

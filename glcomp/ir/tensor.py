@@ -8,8 +8,8 @@ operations (sub-broadcasting, mean, softmax, indexing) are lowered here to regis
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph, current_origin
@@ -53,7 +53,66 @@ class Tensor:
         return f"Tensor(%{self.node}, shape={self.shape})"
 
     def __len__(self) -> int:
+        if not self.shape:
+            raise _fail("len() of a 0-d tensor")
         return self.shape[0]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return (self[i] for i in range(len(self)))
+
+    # Tensors are graph values, compared elementwise like torch's: identity stays the hash, so
+    # they still work as dict keys and set members.
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        raise _fail(
+            f"the truth value of a traced tensor {self.shape} is not known while tracing; "
+            "use glcomp.where(cond, a, b) or a mask instead of `if`/`and`/`or` on tensors"
+        )
+
+    # -- numpy interop: refused, a traced tensor holds no data ----------------------------------
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise _fail(
+            f"np.asarray / np.array of a traced glcomp tensor {self.shape}: it holds no values while "
+            "tracing; use tensor methods (or glcomp.nn.functional) inside forward()"
+        )
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        arithmetic = _UFUNC_OPERATORS.get(ufunc.__name__)
+        if method == "__call__" and arithmetic is not None and len(inputs) == 2 and not kwargs:
+            return arithmetic(*inputs)  # numpy scalars on the left: `np.float32(2) * t`
+        raise _fail(
+            f"numpy function np.{ufunc.__name__} cannot take a traced glcomp tensor {self.shape}; "
+            "use the tensor method or glcomp.nn.functional (e.g. t.tanh(), F.relu(t))"
+        )
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        raise _fail(
+            f"numpy function np.{func.__name__} cannot take a traced glcomp tensor {self.shape}; "
+            "use tensor methods, glcomp.cat or glcomp.stack"
+        )
+
+    # -- comparisons: float masks (1.0 true, 0.0 false), no gradient, False wherever NaN is ------
+    def __eq__(self, o: Any) -> Tensor:  # type: ignore[override]
+        return eq(self, o)
+
+    def __ne__(self, o: Any) -> Tensor:  # type: ignore[override]
+        return ne(self, o)
+
+    def __gt__(self, o: Any) -> Tensor:
+        return gt(self, o)
+
+    def __ge__(self, o: Any) -> Tensor:
+        return ge(self, o)
+
+    def __lt__(self, o: Any) -> Tensor:
+        return lt(self, o)
+
+    def __le__(self, o: Any) -> Tensor:
+        return le(self, o)
+
+    def __abs__(self) -> Tensor:
+        return self.abs()
 
     # -- arithmetic ---------------------------------------------------------------------------
     def __add__(self, o: Any) -> Tensor:
@@ -119,15 +178,61 @@ class Tensor:
     def detach(self) -> Tensor:
         return unary("stop_gradient", self)
 
+    def abs(self) -> Tensor:
+        return maximum(self, -self)
+
+    def isnan(self) -> Tensor:
+        return isnan(self)
+
+    def where(self, condition: Any, other: Any) -> Tensor:
+        return where(condition, self, other)
+
+    def maximum(self, other: Any) -> Tensor:
+        return maximum(self, other)
+
+    def minimum(self, other: Any) -> Tensor:
+        return minimum(self, other)
+
     # -- reductions ---------------------------------------------------------------------------
     def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         return reduce("sum", self, dim, keepdim)
 
-    def max(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-        return reduce("max", self, dim, keepdim)
+    def max(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """As torch: ``max()`` is the largest value, ``max(dim)`` a (values, indices) pair (the
+        first maximum's index as a float tensor; the gradient goes to that element only), and
+        ``max(other_tensor)`` the elementwise maximum. NaN propagates: a NaN is the maximum."""
+        if isinstance(dim, Tensor):
+            return maximum(self, dim)
+        if dim is None:
+            return reduce("max", self, None, keepdim)
+        return _max_with_index(self, _single_axis(dim, self.ndim, "max"), keepdim)
+
+    def min(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """As `max`, for the minimum."""
+        if isinstance(dim, Tensor):
+            return minimum(self, dim)
+        if dim is None:
+            return -reduce("max", -self, None, keepdim)
+        values, indices = _max_with_index(-self, _single_axis(dim, self.ndim, "min"), keepdim)
+        return MinMax(-values, indices)
 
     def amax(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """Largest values over `dim` (all axes by default); ties share the gradient equally."""
         return reduce("max", self, dim, keepdim)
+
+    def amin(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """Smallest values over `dim` (all axes by default); ties share the gradient equally."""
+        return -reduce("max", -self, dim, keepdim)
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        """Index of the first maximum along `dim` (of the flattened tensor without one), as floats."""
+        if dim is None:
+            return _max_with_index(self.reshape(-1), 0, False).indices
+        return _max_with_index(self, _single_axis(dim, self.ndim, "argmax"), keepdim).indices
+
+    def argmin(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        """Index of the first minimum along `dim` (of the flattened tensor without one), as floats."""
+        return (-self).argmax(dim, keepdim)
 
     def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         axes = _axes(dim, self.ndim)
@@ -183,7 +288,21 @@ class Tensor:
         return getitem(self, index)
 
 
+class MinMax(NamedTuple):
+    """What ``Tensor.max(dim)`` / ``Tensor.min(dim)`` return, like torch.return_types.max:
+    ``values`` and ``indices`` (float32 holding integer positions; no gradient)."""
+
+    values: Tensor
+    indices: Tensor
+
+
 # -- helpers ----------------------------------------------------------------------------------
+def _single_axis(dim: Any, ndim: int, what: str) -> int:
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise _fail(f"{what}(dim): dim must be one int (a tensor for the elementwise form), got {dim!r}")
+    return _axis(dim, ndim)
+
+
 def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], list | tuple):
         shape = tuple(shape[0])
@@ -303,7 +422,88 @@ def div(a: Any, b: Any) -> Tensor:
 
 
 def maximum(a: Any, b: Any) -> Tensor:
+    """Elementwise maximum (torch.maximum): NaN if either operand is NaN."""
     return binary("maximum", a, b)
+
+
+def minimum(a: Any, b: Any) -> Tensor:
+    """Elementwise minimum (torch.minimum): NaN if either operand is NaN."""
+    return -binary("maximum", _negated(a), _negated(b))
+
+
+def _negated(v: Any) -> Any:
+    return -v if isinstance(v, Tensor) else -_scalar(v)
+
+
+# Comparisons as float masks built from the `step` (x > 0) and `eq` primitives; every one is
+# false where an operand is NaN (ne: true), as torch's are, and none has a gradient.
+def gt(a: Any, b: Any) -> Tensor:
+    """a > b as 1.0 / 0.0."""
+    return unary("step", sub(a, b))
+
+
+def lt(a: Any, b: Any) -> Tensor:
+    """a < b as 1.0 / 0.0."""
+    return unary("step", sub(b, a))
+
+
+def eq(a: Any, b: Any) -> Tensor:
+    """a == b as 1.0 / 0.0."""
+    return binary("eq", a, b)
+
+
+def ne(a: Any, b: Any) -> Tensor:
+    """a != b as 1.0 / 0.0 (1.0 where either is NaN)."""
+    return 1.0 - eq(a, b)
+
+
+def ge(a: Any, b: Any) -> Tensor:
+    """a >= b as 1.0 / 0.0 (a - b is NaN for equal infinities, so equality is tested apart)."""
+    return gt(a, b) + eq(a, b)
+
+
+def le(a: Any, b: Any) -> Tensor:
+    """a <= b as 1.0 / 0.0."""
+    return lt(a, b) + eq(a, b)
+
+
+def isnan(t: Tensor) -> Tensor:
+    """1.0 where `t` is NaN: the one value that is neither > 0, < 0 nor == 0."""
+    return 1.0 - (unary("step", t) + unary("step", -t) + eq(t, 0.0))
+
+
+def where(condition: Any, a: Any, b: Any) -> Tensor:
+    """torch.where: `a` where `condition` is non-zero, else `b` (no mixing, so an inf or NaN in the
+    branch not taken does not leak). The gradient flows to the chosen branch only."""
+    if not isinstance(condition, Tensor):
+        raise _fail(f"where(condition, a, b): condition must be a tensor, got {type(condition).__name__}")
+    ta, tb = _lift(condition, a)[1], _lift(condition, b)[1]
+    shape = broadcast_shapes(broadcast_shapes(condition.shape, ta.shape), tb.shape)
+    return prim("where", *(broadcast_to(t, shape) for t in (condition, ta, tb)))
+
+
+def arange(graph: Graph, n: int) -> Tensor:
+    """0, 1, ..., n-1 as a float tensor, built by doubling (log2(n) concatenations)."""
+    t = const(graph, 0.0, (1,))
+    while t.shape[0] < n:
+        t = cat([t, t + float(t.shape[0])])
+    return slice_axis(t, 0, 0, n)
+
+
+def _max_with_index(t: Tensor, axis: int, keepdim: bool) -> MinMax:
+    """Values and first indices of the maxima along `axis` (a NaN counts as the maximum)."""
+    n = t.shape[axis]
+    best = reduce("max", t, axis, True).detach()
+    hit = (eq(t, best) + isnan(t)).detach()  # the max is NaN only where some element is
+    pos = reshape(arange(t.graph, n), tuple(n if i == axis else 1 for i in range(t.ndim)))
+    pos = broadcast_to(pos, t.shape)
+    first = -reduce("max", -where(hit, pos, float(n)), axis, True)
+    chosen = eq(pos, first).detach()
+    values = reduce("sum", where(chosen, t, 0.0), axis, True)
+    if not keepdim:
+        out = tuple(s for i, s in enumerate(t.shape) if i != axis)
+        values, first = reshape(values, out), reshape(first, out)
+    return MinMax(values, first.detach())
 
 
 def reduce(op: str, t: Tensor, dim: int | Sequence[int] | None, keepdim: bool) -> Tensor:
@@ -369,6 +569,21 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if b.ndim == 1:
         out = out.squeeze(-1)
     return out
+
+
+_UFUNC_OPERATORS = {
+    "add": lambda a, b: add(a, b),
+    "subtract": lambda a, b: sub(a, b),
+    "multiply": lambda a, b: mul(a, b),
+    "true_divide": lambda a, b: div(a, b),
+    "divide": lambda a, b: div(a, b),
+    "greater": lambda a, b: gt(a, b),
+    "greater_equal": lambda a, b: ge(a, b),
+    "less": lambda a, b: lt(a, b),
+    "less_equal": lambda a, b: le(a, b),
+    "equal": lambda a, b: eq(a, b),
+    "not_equal": lambda a, b: ne(a, b),
+}
 
 
 def slice_axis(t: Tensor, axis: int, start: int, stop: int) -> Tensor:

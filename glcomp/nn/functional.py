@@ -38,7 +38,7 @@ def log(x: Tensor) -> Tensor:
 
 def _shifted(x: Tensor, dim: int) -> Tensor:
     # Subtracting the (gradient-free) max keeps exp() finite; it does not change the result.
-    return x - x.max(dim, keepdim=True).detach()
+    return x - x.amax(dim, keepdim=True).detach()
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:

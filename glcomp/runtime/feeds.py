@@ -98,3 +98,10 @@ def check_read_loss(loss: float, step: int, read_every: int) -> float:
         "load_state_dict(saved_state, optimizer='reset') or reset the optimizer with reset_optimizer(), "
         "and lower the learning rate with set_lr()"
     )
+
+
+def refuse_positional(entry: str, args: tuple[Any, ...], names: list[str]) -> None:
+    """Runtimes take inputs by name only; a positional argument is a GlcompError saying so."""
+    if args:
+        example = ", ".join(f"{n}=..." for n in names) or "..."
+        raise GlcompError(f"pass inputs by name: {entry}({example}); got {len(args)} positional argument(s)")

@@ -31,7 +31,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from glcomp.errors import GlcompError
-from glcomp.runtime.feeds import check_feeds, check_lr, check_optimizer_option, check_read_loss
+from glcomp.runtime.feeds import (
+    check_feeds,
+    check_lr,
+    check_optimizer_option,
+    check_read_loss,
+    refuse_positional,
+)
 from glcomp.runtime.packing import pack, unpack
 
 _QUAD = np.array([-1.0, -1.0, 3.0, -1.0, -1.0, 3.0], dtype="f4")  # one triangle covers the viewport
@@ -450,21 +456,28 @@ class GLRuntime:
 
     # -- the runtime interface --------------------------------------------------------------------
     @_gl_call
-    def predict(self, **inputs: Any) -> np.ndarray:
+    def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
+        refuse_positional("predict", args, self._input_names("predict"))
         out = self._run("predict", inputs, None)
         return out["output"] if list(out) == ["output"] else out
 
     @_gl_call
-    def gradients(self, **inputs: Any) -> dict[str, np.ndarray]:
+    def gradients(self, *args: Any, **inputs: Any) -> dict[str, np.ndarray]:
+        refuse_positional("gradients", args, self._input_names("gradients"))
         out = self._run("gradients", inputs, None)
         return {k[5:]: v for k, v in out.items() if k.startswith("grad:")}
 
     @_gl_call
-    def train_step(self, **inputs: Any) -> float:
+    def train_step(self, *args: Any, **inputs: Any) -> float:
         """One forward, backward and optimizer step; returns the loss (nan or inf when the
         training diverged: the step is taken all the same)."""
+        refuse_positional("train_step", args, self._input_names("train_step"))
         out = self._run("train_step", inputs, read=["loss"])
         return float(out["loss"])
+
+    def _input_names(self, entry: str) -> list[str]:
+        e = self.manifest["entries"].get(entry)
+        return list(e["inputs"]) if e else []
 
     @_gl_call
     def train_steps(self, batches: Iterable[dict[str, Any]], read_every: int = 0) -> list[float]:

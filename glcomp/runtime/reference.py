@@ -16,7 +16,7 @@ from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
 from glcomp.nn.module import check_state
 from glcomp.program import Program
-from glcomp.runtime.feeds import check_lr, check_optimizer_option, check_read_loss
+from glcomp.runtime.feeds import check_lr, check_optimizer_option, check_read_loss, refuse_positional
 
 
 def evaluate(graph: Graph, feeds: dict[str, np.ndarray], dtype: Any = np.float32) -> dict[str, np.ndarray]:
@@ -55,6 +55,12 @@ class ReferenceRuntime:
         self.lr = program.lr
         self._released = False
 
+    def _input_names(self, entry: str) -> list[str]:
+        try:
+            return list(self.program.input_specs(entry))
+        except GlcompError:
+            return list(self.program.inputs)
+
     def _run(self, entry: str, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
         self._check_usable()
         if entry not in self.program.graphs:
@@ -64,17 +70,20 @@ class ReferenceRuntime:
         feeds["lr"] = self.lr
         return evaluate(self.program.graphs[entry], feeds, self.dtype)
 
-    def predict(self, **inputs: Any) -> np.ndarray:
+    def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
+        refuse_positional("predict", args, self._input_names("predict"))
         out = self._run("predict", inputs)
         return out["output"] if "output" in out else out
 
-    def gradients(self, **inputs: Any) -> dict[str, np.ndarray]:
+    def gradients(self, *args: Any, **inputs: Any) -> dict[str, np.ndarray]:
+        refuse_positional("gradients", args, self._input_names("gradients"))
         out = self._run("gradients", inputs)
         return {k[5:]: v for k, v in out.items() if k.startswith("grad:")}
 
-    def train_step(self, **inputs: Any) -> float:
+    def train_step(self, *args: Any, **inputs: Any) -> float:
         """One forward, backward and optimizer step; returns the loss (nan or inf when the
         training diverged: the step is taken all the same)."""
+        refuse_positional("train_step", args, self._input_names("train_step"))
         out = self._run("train_step", inputs)
         for key, value in out.items():
             kind, _, name = key.partition(":")

@@ -54,7 +54,7 @@ _unary(
     "relu",
     lambda a: np.maximum(a, 0).astype(a.dtype),
     lambda g, out, a: (g * _t().unary("step", a),),
-    "max(a, 0.0)",
+    "glc_max(a, 0.0)",
     smooth=False,
 )
 # step and eq are masks for gradient rules; they have zero derivative almost everywhere.
@@ -73,11 +73,32 @@ def _maximum_grad(g, out, a, b):
     return g * mask, g * (1.0 - mask)
 
 
-_binary("maximum", np.maximum, _maximum_grad, "max(a, b)", smooth=False)
+_binary("maximum", np.maximum, _maximum_grad, "glc_max(a, b)", smooth=False)
 _binary(
     "eq",
     lambda a, b: (a == b).astype(a.dtype),
     lambda g, out, a, b: (None, None),
     "(a == b ? 1.0 : 0.0)",
     smooth=False,
+)
+
+
+# -- ternary -------------------------------------------------------------------------------------
+def _where_grad(g, out, cond, a, b):
+    zero = _t().zeros_like(g)
+    return None, _t().where(cond, g, zero), _t().where(cond, zero, g)
+
+
+# where(cond, a, b): a where cond != 0 (a NaN condition counts as true, as in numpy), else b.
+register(
+    Op(
+        "where",
+        "elementwise",
+        same_shape,
+        lambda c, a, b: np.where(c != 0, a, b).astype(a.dtype),
+        _where_grad,
+        3,
+        "(a != 0.0 ? b : c)",
+        same_shapes(3),
+    )
 )

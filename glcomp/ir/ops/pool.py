@@ -81,7 +81,7 @@ register(
         smooth=False,
         attrs=POOL_ATTRS,
         template="pool",
-        glsl="max(acc, a)",
+        glsl="glc_max(acc, a)",
         glsl_init="-3.0e38",
     )
 )

@@ -63,7 +63,7 @@ register(
         sample=sample_reduce,
         smooth=False,
         attrs=("axes",),
-        glsl="max(acc, a)",
+        glsl="glc_max(acc, a)",
         glsl_init="-3.0e38",
         template="reduce",
     )

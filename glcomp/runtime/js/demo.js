@@ -224,6 +224,7 @@ async function main() {
     demo.losses = [];
     demo.accuracies = [];
     stopRequested = false;
+    let diverged = null;
     $("start").disabled = true;
     $("stop").disabled = false;
     const seed = Number(params.get("seed") || 0);
@@ -236,6 +237,11 @@ async function main() {
         steps: stepsPerEpoch,
         batches: (i) => makeBatch(data, data.train, order.slice(i * data.batch, (i + 1) * data.batch)),
         onStep: (_, loss) => {
+          if (!Number.isFinite(loss)) {
+            // Stop at the first non-finite loss instead of training on NaN weights.
+            diverged = { step: demo.losses.length + 1, loss };
+            return false;
+          }
           demo.losses.push(loss);
           demo.steps = demo.losses.length;
           const now = performance.now();
@@ -252,6 +258,10 @@ async function main() {
           return !stopRequested;
         },
       });
+      if (diverged) {
+        throw new GlcompError(`training diverged at step ${diverged.step} (loss ${diverged.loss}); `
+          + "lower the learning rate and reload the page");
+      }
       const score = await evaluate(rt, data);
       stepStart = performance.now();
       demo.accuracies.push(score);
