@@ -168,7 +168,7 @@ def test_save_refuses_a_users_directory_and_keeps_files_beside_a_bundle(
     assert sorted(p.name for p in directory.iterdir()) == ["notes", "notes.txt"]
     bundle = tmp_path / "bundle"
     prog.save(bundle)
-    for path, text in mine.items():  # files the user put beside a bundle...
+    for path in mine:  # files the user put beside a bundle...
         target = bundle / path.relative_to(directory)
         target.parent.mkdir(exist_ok=True)
         shutil.copy2(path, target)
