@@ -73,7 +73,8 @@ def bundle_files(bundle: Any) -> dict[str, bytes]:
         {k: np.ascontiguousarray(v).reshape(np.shape(v)) for k, v in bundle.weights.items()}  # keeps 0-d
     )
     if bundle.program is not None:
-        files[PROGRAM_FILE] = json.dumps(bundle.program, sort_keys=True, allow_nan=False).encode("utf-8")
+        # Key order kept: it is the order of graph outputs and of the state.
+        files[PROGRAM_FILE] = json.dumps(bundle.program, allow_nan=False).encode("utf-8")
     manifest = dict(bundle.manifest)
     manifest["files"] = {path: sha256(data) for path, data in sorted(files.items())}
     files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
