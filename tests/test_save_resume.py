@@ -289,7 +289,8 @@ def test_symbolic_links_are_never_followed(models: dict[str, Any], tmp_path: Pat
 
 
 # -- 6. no mixed bundles ----------------------------------------------------------------------------
-def _two_programs() -> tuple[glcomp.Program, glcomp.Program]:
+@pytest.fixture(scope="module")
+def two_programs() -> tuple[glcomp.Program, glcomp.Program]:
     """The same model compiled two ways (other weights, other passes): the same state names and
     shapes, so a bundle mixing their files would look whole without the recorded hashes."""
     progs = []
@@ -301,8 +302,8 @@ def _two_programs() -> tuple[glcomp.Program, glcomp.Program]:
     return progs[0], progs[1]
 
 
-def test_a_file_of_another_save_is_detected(tmp_path: Path):
-    a, b = _two_programs()
+def test_a_file_of_another_save_is_detected(two_programs: Any, tmp_path: Path):
+    a, b = two_programs
     a.save(tmp_path / "a")
     b.save(tmp_path / "b")
     glcomp.manual_seed(3)  # same shapes as a, other values
@@ -325,8 +326,8 @@ def test_a_file_of_another_save_is_detected(tmp_path: Path):
             glcomp.load(mixed)
 
 
-def test_concurrent_saves_and_loads_never_mix(gl_ctx: Any, tmp_path: Path):
-    a, b = _two_programs()
+def test_concurrent_saves_and_loads_never_mix(two_programs: Any, gl_ctx: Any, tmp_path: Path):
+    a, b = two_programs
     feeds = {"x": np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)}
     want = [p.runtime("reference").predict(**feeds) for p in (a, b)]
     for p in (a, b):
@@ -346,6 +347,8 @@ def test_concurrent_saves_and_loads_never_mix(gl_ctx: Any, tmp_path: Path):
             errors.append(err)
 
     thread = threading.Thread(target=writer)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)  # the writer waits for the interpreter lock after every file
     thread.start()
     outcomes = {"a": 0, "b": 0, "error": 0}
     try:
@@ -372,6 +375,7 @@ def test_concurrent_saves_and_loads_never_mix(gl_ctx: Any, tmp_path: Path):
     finally:
         stop.set()
         thread.join()
+        sys.setswitchinterval(interval)
     assert not errors, errors
     assert len(saves) >= 4 and outcomes["a"] >= 1 and outcomes["b"] >= 1, (len(saves), outcomes)
     assert _temporaries(tmp_path) == []

@@ -1,9 +1,11 @@
-"""The bundle schema: writing a bundle, and reading one back with strict validation.
+"""The bundle schema: writing a bundle atomically, and reading one back with strict validation.
 
 A bundle is untrusted data. Reading checks the format and version, that every file named lies
-inside the bundle directory, that every texture, program, sampler and state reference resolves,
-that layouts are self-consistent, and that the weights match the declared state shapes. Any
-fault raises GlcompError naming the file and the field at fault.
+inside the bundle directory (no symbolic link inside a bundle is ever followed), that every
+texture, program, sampler and state reference resolves, that layouts are self-consistent, that
+the weights match the declared state shapes, and (format 2) that every file has the sha256 the
+manifest records. Any fault raises GlcompError naming the file and the field at fault.
+program.json (the IR graphs) is read here as JSON and checked by `Program.from_bundle`.
 """
 
 from __future__ import annotations
