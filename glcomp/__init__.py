@@ -3,6 +3,8 @@
 Front-end -> IR -> passes -> kernel plan -> GLSL -> bundle -> runtime.
 """
 
+import os
+
 from glcomp import (
     ir,  # noqa: F401  (populates the op registry)
     nn,
@@ -19,12 +21,15 @@ from glcomp.program import Program
 __version__ = "0.1.0"
 
 
-def load(directory: str) -> "object":
-    """Load a saved bundle directory and return a GL runtime for it (validates it first)."""
+def load(directory: "str | os.PathLike[str]") -> Program:
+    """Load a saved bundle directory as a Program, as `glcomp.compile` returns it, starting from
+    the saved state (weights, buffers, optimizer state, step counters, learning rate):
+    ``glcomp.load(d).runtime("gl")`` runs the loaded shaders without compiling again, and
+    ``.runtime("reference")`` the saved IR graphs. The bundle is validated first (GlcompError
+    naming the file at fault); nothing in it is executed and no symbolic link in it is followed."""
     from glcomp.codegen.bundle import load_bundle
-    from glcomp.runtime.gl import GLRuntime
 
-    return GLRuntime(load_bundle(directory))
+    return Program.from_bundle(load_bundle(directory))
 
 
 __all__ = [

@@ -183,26 +183,12 @@ def parse_files(items: list[str]) -> dict[str, np.ndarray]:
 
 
 # -- bundle directories -------------------------------------------------------------------------------
-def _bundle_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest if `path` holds a glcomp bundle, else None."""
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == "glcomp-bundle" else None
-
-
 def check_bundle_dir(path: Path) -> None:
-    """Refuse to write a bundle into anything but a new, empty or bundle directory."""
-    if not path.exists():
-        return
-    if not path.is_dir():
-        raise GlcompError(f"{path} exists and is not a directory")
-    if any(path.iterdir()) and _bundle_manifest(path) is None:
-        raise GlcompError(
-            f"{path} is not empty and holds no glcomp bundle; refusing to overwrite it "
-            "(choose another output directory)"
-        )
+    """Refuse to write a bundle into anything but a new, empty or bundle directory (checked
+    again by the save itself; called early so a bad --out fails before a slow compile)."""
+    from glcomp.codegen.schema import check_save_target
+
+    check_save_target(path)
 
 
 RUN_FILES = ("weights.safetensors", "loss.png", "metrics.json", "bundle")
@@ -221,16 +207,7 @@ def check_run_dir(path: Path) -> None:
 
 
 def save_bundle(bundle: Any, path: Path) -> None:
-    """Write `bundle` to `path`, replacing a bundle already there (its old shaders included)."""
-    check_bundle_dir(path)
-    old = _bundle_manifest(path) if path.is_dir() else None
-    if old is not None:
-        stale = {old.get("vertex_shader")} | {
-            p.get("fragment") for p in (old.get("programs") or {}).values() if isinstance(p, dict)
-        }
-        for name in stale - set(bundle.shaders):
-            if isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_]{1,64}\.(frag|vert)", name):
-                (path / "shaders" / name).unlink(missing_ok=True)
+    """Write `bundle` to `path` atomically, replacing a bundle already there as a whole."""
     bundle.save(path)
 
 
@@ -348,7 +325,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import glcomp
 
     feeds = parse_files(args.input)
-    rt = glcomp.load(args.bundle)
+    rt = glcomp.load(args.bundle).runtime("gl")
     m = rt.manifest
     specs = {name: tuple(m["inputs"][name]["shape"]) for name in m["entries"]["predict"]["inputs"]}
     result = predict_batched(rt, specs, feeds)

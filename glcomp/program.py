@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +17,8 @@ from glcomp.ir.graph import Graph
 from glcomp.runtime.feeds import check_feeds
 
 ENTRY_POINTS = ("predict", "gradients", "train_step")
+PROGRAM_FORMAT = "glcomp-program"
+_INPUT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -67,21 +74,268 @@ class Program:
         shapes |= {k: v.shape for k, v in self.counters.items()}
         return shapes
 
+    # -- lowering, runtimes and saving ----------------------------------------------------------
+    # The lowered bundle is cached: graphs and options are treated as fixed once compiled (the
+    # key notices replaced graphs or changed options); state values are not part of it.
+    _bundle: Any = field(default=None, init=False, repr=False, compare=False)
+    _bundle_key: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def _lowering_key(self) -> Any:
+        return (
+            tuple((k, id(g)) for k, g in self.graphs.items()),
+            json.dumps(self.options, sort_keys=True, default=repr),
+            tuple((k, np.shape(v)) for k, v in (self.params | self.buffers | self.opt_state).items()),
+            tuple(self.counters),
+        )
+
+    def _lowered(self) -> Any:
+        key = self._lowering_key()
+        if self._bundle is None or self._bundle_key != key:
+            from glcomp.codegen.bundle import build_bundle
+
+            self._bundle = build_bundle(self)
+            self._bundle_key = key
+        return self._bundle
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Every value the program's state holds: parameters, buffers, optimizer state, counters."""
+        return {**self.params, **self.buffers, **self.opt_state, **self.counters}
+
+    def bundle(self) -> Any:
+        """The program lowered to a Bundle holding its current state (the lowering is reused)."""
+        return self._lowered().with_state(self.state(), self.lr)
+
+    def with_state(
+        self,
+        params: dict[str, np.ndarray] | None = None,
+        buffers: dict[str, np.ndarray] | None = None,
+        opt_state: dict[str, np.ndarray] | None = None,
+        counters: dict[str, np.ndarray] | None = None,
+        lr: float | None = None,
+    ) -> Program:
+        """A copy of this program starting from other state (same graphs; shares the lowering)."""
+        changes: dict[str, Any] = {"params": params, "buffers": buffers, "opt_state": opt_state}
+        changes |= {"counters": counters, "lr": lr}
+        new = dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+        new._bundle, new._bundle_key = self._bundle, self._bundle_key
+        return new
+
     def runtime(self, kind: str = "reference", **options: Any) -> Any:
-        """A runtime for this program: ``"reference"`` (numpy) or ``"gl"`` (moderngl)."""
+        """A runtime for this program, starting from the program's state: ``"reference"``
+        (numpy; needs the IR graphs) or ``"gl"`` (moderngl; a loaded program runs the bundle it
+        was loaded from, without compiling again)."""
         if kind == "reference":
             from glcomp.runtime.reference import ReferenceRuntime
 
+            if not self.graphs:
+                raise GlcompError(
+                    "this program was loaded from a bundle without IR graphs (no program.json); "
+                    "only runtime('gl') can run it"
+                )
             return ReferenceRuntime(self, **options)
         if kind == "gl":
-            from glcomp.codegen.bundle import build_bundle
             from glcomp.runtime.gl import GLRuntime
 
-            return GLRuntime(build_bundle(self), **options)
+            return GLRuntime(self.bundle(), **options)
         raise GlcompError(f"unknown runtime {kind!r}; use 'reference' or 'gl'")
 
-    def save(self, directory: Any) -> None:
-        """Write the program as a bundle directory (manifest, shaders, weights)."""
-        from glcomp.codegen.bundle import build_bundle
+    def save(self, directory: str | Path) -> Path:
+        """Write the program with its current state as a bundle directory (manifest, shaders,
+        weights, program.json), atomically: see `Bundle.save`. `glcomp.load` reads it back."""
+        return self.bundle().save(directory)
 
-        build_bundle(self).save(directory)
+    def __repr__(self) -> str:
+        count = sum(int(np.size(v)) for v in self.params.values())
+        text = (
+            f"<Program entries={','.join(self.graphs) or '-'} parameters={count} ({len(self.params)} tensors)"
+        )
+        try:
+            m = self._lowered().manifest
+        except GlcompError as err:
+            return f"{text} (not lowered: {err})>"
+        draws = " ".join(f"{e}={len(x['draws'])}" for e, x in m["entries"].items())
+        return f"{text} draws[{draws}] texture_bytes={m['memory']['texture_bytes']}>"
+
+    # -- program.json -------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """What a bundle needs beyond its manifest and weights to rebuild this Program: the IR
+        graphs as plain data, the input specs, the trainable names, the order of the state and
+        the compile options. `Program.from_bundle` reads it back."""
+        try:
+            options = json.loads(json.dumps(self.options, allow_nan=False))
+        except (TypeError, ValueError) as err:
+            raise GlcompError(f"the compile options cannot be saved as JSON ({err})") from None
+        return {
+            "format": PROGRAM_FORMAT,
+            "version": 1,
+            "graphs": {k: g.to_json() for k, g in self.graphs.items()},
+            "inputs": [spec.to_json() | {"name": spec.name} for spec in self.inputs.values()],
+            "target": None if self.target is None else self.target.to_json() | {"name": self.target.name},
+            "trainable": list(self.trainable),
+            "order": {
+                "params": list(self.params),
+                "buffers": list(self.buffers),
+                "opt_state": list(self.opt_state),
+                "counters": list(self.counters),
+            },
+            "options": options,
+        }
+
+    @classmethod
+    def from_bundle(cls, bundle: Any) -> Program:
+        """The Program a loaded bundle holds, starting from the bundle's state. Its program.json
+        is untrusted: it is type-checked, graphs are rebuilt with `Graph.from_json` (registered
+        ops only, shapes checked) and must agree with the manifest and weights; any fault raises
+        GlcompError naming program.json. Running the result on GL reuses `bundle` as it is."""
+        m = bundle.manifest
+        roles = {k: st["role"] for k, st in m["states"].items()}
+        data = bundle.program
+        if data is None:
+            program = cls._from_manifest(bundle, roles)
+        else:
+            program = cls._from_program_json(bundle, data, roles)
+        program._bundle = bundle
+        program._bundle_key = program._lowering_key()
+        return program
+
+    @classmethod
+    def _from_manifest(cls, bundle: Any, roles: dict[str, str]) -> Program:
+        m, w = bundle.manifest, bundle.weights
+        entries = m["entries"]
+        fed = set(entries.get("predict", {}).get("inputs", {}))
+        specs = {}
+        for name, spec in m["inputs"].items():
+            specs[name] = InputSpec(name, tuple(spec["layout"]["shape"]), spec.get("dtype", "float32"))
+            if spec.get("num_classes") is not None:
+                specs[name] = dataclasses.replace(specs[name], num_classes=spec["num_classes"])
+        target = next((specs[n] for n in specs if n not in fed), None) if "predict" in entries else None
+        inputs = {n: s for n, s in specs.items() if target is None or n != target.name}
+        by_role = {
+            r: {k: np.array(w[k], np.float32) for k, v in roles.items() if v == r} for r in roles.values()
+        }
+        return cls(
+            {},
+            inputs,
+            target,
+            by_role.get("param", {}),
+            [],
+            by_role.get("buffer", {}),
+            {k: np.array(w[k], np.int64) for k in m["counters"]},
+            by_role.get("state", {}),
+            float(m["hyper"].get("lr", 0.0)),
+            {"target": m["target"].get("name", "webgl2")},
+        )
+
+    @classmethod
+    def _from_program_json(cls, bundle: Any, data: dict[str, Any], roles: dict[str, str]) -> Program:
+        from glcomp.ir.graph import DTYPES
+
+        where = "bundle program.json"
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise GlcompError(f"{where}: {msg}")
+
+        keys = {"format", "version", "graphs", "inputs", "target", "trainable", "order", "options"}
+        need(set(data) == keys, f"must have exactly the keys {sorted(keys)}")
+        need(data["format"] == PROGRAM_FORMAT, f"format must be {PROGRAM_FORMAT!r}")
+        need(data["version"] == 1, f"unknown version {data['version']!r} (supported: 1)")
+        m, w = bundle.manifest, bundle.weights
+
+        def spec_of(obj: Any, field: str) -> InputSpec:
+            need(isinstance(obj, dict), f"{field} must be an object")
+            need(set(obj) <= {"name", "shape", "dtype", "num_classes"}, f"{field} has unknown keys")
+            name, shape = obj.get("name"), obj.get("shape")
+            need(isinstance(name, str) and bool(_INPUT_NAME.match(name)), f"{field} has a bad name {name!r}")
+            need(
+                isinstance(shape, list)
+                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape),
+                f"{field} ({name}) has a bad shape {shape!r}",
+            )
+            need(obj.get("dtype") in DTYPES, f"{field} ({name}) has a bad dtype {obj.get('dtype')!r}")
+            classes = obj.get("num_classes")
+            need(
+                classes is None
+                or (isinstance(classes, int) and not isinstance(classes, bool) and classes > 0),
+                f"{field} ({name}) has a bad num_classes {classes!r}",
+            )
+            spec = InputSpec(name, tuple(shape), obj["dtype"], classes)
+            if name in m["inputs"]:
+                need(
+                    spec.to_json() | {"layout": m["inputs"][name]["layout"]} == m["inputs"][name],
+                    f"{field} ({name}) disagrees with manifest.json",
+                )
+            return spec
+
+        need(isinstance(data["inputs"], list) and data["inputs"], "inputs must be a non-empty list")
+        inputs = {s.name: s for s in (spec_of(o, f"inputs[{i}]") for i, o in enumerate(data["inputs"]))}
+        target = None if data["target"] is None else spec_of(data["target"], "target")
+        order = data["order"]
+        need(
+            isinstance(order, dict) and set(order) == {"params", "buffers", "opt_state", "counters"},
+            "order must name params, buffers, opt_state and counters",
+        )
+        for key, role in (("params", "param"), ("buffers", "buffer"), ("opt_state", "state")):
+            names = order[key]
+            need(
+                isinstance(names, list)
+                and sorted(names, key=str) == sorted(k for k, r in roles.items() if r == role),
+                f"order.{key} does not list the manifest's {role} states",
+            )
+        need(
+            isinstance(order["counters"], list)
+            and sorted(order["counters"], key=str) == sorted(m["counters"]),
+            "order.counters does not list the manifest's counters",
+        )
+        trainable = data["trainable"]
+        need(
+            isinstance(trainable, list)
+            and set(trainable) <= set(order["params"])
+            and len(set(trainable)) == len(trainable),
+            "trainable must list parameters",
+        )
+        options = data["options"]
+        need(isinstance(options, dict), "options must be an object")
+
+        from glcomp.ir.graph import Graph
+
+        graphs_data = data["graphs"]
+        need(isinstance(graphs_data, dict), "graphs must be an object")
+        need(
+            set(graphs_data) == set(m["entries"]),
+            f"graphs {sorted(graphs_data)} != the manifest's entries {sorted(m['entries'])}",
+        )
+        graphs = {}
+        shapes = {k: tuple(np.shape(w[k])) for k in w} | {k: s.shape for k, s in inputs.items()}
+        if target is not None:
+            shapes[target.name] = target.shape
+        for entry in ENTRY_POINTS:
+            if entry not in graphs_data:
+                continue
+            g = Graph.from_json(graphs_data[entry], f"{where}: graphs.{entry}")
+            for name, n in g.inputs.items():
+                if g.attrs(n)["role"] == "hyper":
+                    need(
+                        name in m["hyper"] and g.shape(n) == (),
+                        f"graphs.{entry}: unknown hyper-parameter {name!r}",
+                    )
+                    continue
+                need(name in shapes, f"graphs.{entry}: input {name!r} is neither a state nor an input")
+                need(
+                    g.shape(n) == shapes[name],
+                    f"graphs.{entry}: input {name!r} has shape {g.shape(n)}, expected {shapes[name]}",
+                )
+            graphs[entry] = g
+        lr = m["hyper"].get("lr", 0.0)
+        return cls(
+            graphs,
+            inputs,
+            target,
+            {k: np.array(w[k], np.float32) for k in order["params"]},
+            list(trainable),
+            {k: np.array(w[k], np.float32) for k in order["buffers"]},
+            {k: np.array(w[k], np.int64) for k in order["counters"]},
+            {k: np.array(w[k], np.float32) for k in order["opt_state"]},
+            float(lr) if math.isfinite(lr) else 0.0,
+            options,
+        )

@@ -346,7 +346,8 @@ def _mutate_shader_path(m: dict[str, Any]) -> None:
 
 
 MANIFEST_TAMPERS = {
-    "version": (lambda m: m.update(version=2), "unknown format version"),
+    "version": (lambda m: m.update(version=99), "unknown format version"),
+    "no-hashes": (lambda m: m.pop("files"), "files must be an object"),
     "format": (lambda m: m.update(format="something-else"), "format must be"),
     "missing-field": (lambda m: m.pop("programs"), "missing fields"),
     "alias": (_mutate_alias, "samples a texture it renders to"),
@@ -412,6 +413,11 @@ def test_tampered_bundles_are_rejected(page: Any, site: Site) -> None:
     shutil.copytree(good, d)
     (d / "shaders" / "p0.frag").unlink()
     cases["no-shader"] = "'p0.frag' is missing"
+    d = site.root / "bad_shader-changed"  # a shader of another save: its sha256 differs
+    shutil.copytree(good, d)
+    with (d / "shaders" / "p0.frag").open("a") as f:
+        f.write("// changed\n")
+    cases["shader-changed"] = "shaders/p0.frag: its sha256 does not match"
     d = site.root / "bad_no-weights"
     shutil.copytree(good, d)
     (d / "weights.safetensors").unlink()

@@ -112,7 +112,9 @@ def test_saved_bundle_runs_like_the_in_memory_runtime(
 def test_glcomp_load_returns_a_working_runtime(saved: tuple[Any, glcomp.Program, Path]):
     case, prog, directory = saved
     feeds, y = _data(case)
-    runtime = glcomp.load(str(directory))
+    loaded = glcomp.load(str(directory))
+    assert isinstance(loaded, glcomp.Program)
+    runtime = loaded.runtime("gl")
     try:
         ref = prog.runtime("reference")
         np.testing.assert_allclose(runtime.predict(**feeds), ref.predict(**feeds), rtol=1e-4, atol=1e-5)
@@ -128,7 +130,7 @@ def test_manifest_contents(saved: tuple[Any, glcomp.Program, Path]):
     for key in ("format", "version", "target", "inputs", "textures", "programs", "entries"):
         assert key in m, key
     assert m["format"] == "glcomp-bundle"
-    assert m["version"] == 1
+    assert m["version"] == 2
     assert m["target"]["name"] == "webgl2" and m["target"]["glsl_version"] == "300 es"
     assert {k: v["shape"] for k, v in m["inputs"].items()} == {"x": [6, 5], "y": [6]}
     assert m["inputs"]["y"]["num_classes"] == 3
@@ -151,7 +153,9 @@ def test_manifest_contents(saved: tuple[Any, glcomp.Program, Path]):
         np.testing.assert_array_equal(weights[name], value, err_msg=name)
 
 
-def test_save_into_a_users_directory_leaves_other_files_alone(models: dict[str, Any], tmp_path: Path):
+def test_save_refuses_a_users_directory_and_keeps_files_beside_a_bundle(
+    models: dict[str, Any], tmp_path: Path
+):
     prog = models["mlp"].compile("webgl1")
     directory = tmp_path / "mine"
     (directory / "notes").mkdir(parents=True)
@@ -159,13 +163,23 @@ def test_save_into_a_users_directory_leaves_other_files_alone(models: dict[str, 
     for path, text in mine.items():
         path.write_text(text)
         os.utime(path, (1_000_000_000, 1_000_000_000))
-    prog.save(directory)
-    prog.save(directory)  # saving again over the same bundle is fine too
+    with pytest.raises(GlcompError, match="not empty and holds no glcomp bundle"):
+        prog.save(directory)  # a directory that holds no bundle is not overwritten
+    assert sorted(p.name for p in directory.iterdir()) == ["notes", "notes.txt"]
+    bundle = tmp_path / "bundle"
+    prog.save(bundle)
+    for path in mine:  # files the user put beside a bundle...
+        target = bundle / path.relative_to(directory)
+        target.parent.mkdir(exist_ok=True)
+        shutil.copy2(path, target)
+    prog.save(bundle)
+    prog.save(bundle)  # ...survive saving again over it
     for path, text in mine.items():
-        assert path.read_text() == text
-        assert path.stat().st_mtime == 1_000_000_000
-    assert (directory / "manifest.json").is_file()
-    assert load_bundle(directory).manifest == read_manifest(directory)
+        target = bundle / path.relative_to(directory)
+        assert target.read_text() == text
+        assert target.stat().st_mtime == 1_000_000_000
+    assert (bundle / "manifest.json").is_file()
+    assert load_bundle(bundle).manifest == {k: v for k, v in read_manifest(bundle).items() if k != "files"}
 
 
 def test_every_test_model_bundle_validates(model_case: Any, dialect: str, tmp_path: Path):

@@ -91,11 +91,12 @@ def test_compile_and_run(
     args = ["compile", f"{model_file}:net", "-o", str(out), "--input", "x=8,4"]
     assert main([*args, "--loss", "cross_entropy", "--optimizer", "adam", "--lr", "0.05"]) == 0
     assert "train_step" in capsys.readouterr().out
-    rt = glcomp.load(str(out))
-    assert set(rt.manifest["entries"]) == {"predict", "gradients", "train_step"}
-    assert rt.manifest["hyper"]["lr"] == pytest.approx(0.05)
+    prog = glcomp.load(str(out))
+    manifest = prog.bundle().manifest
+    assert set(manifest["entries"]) == {"predict", "gradients", "train_step"}
+    assert manifest["hyper"]["lr"] == prog.lr == pytest.approx(0.05)
 
-    w, b = rt.bundle.weights["0.weight"], rt.bundle.weights["0.bias"]
+    w, b = prog.params["0.weight"], prog.params["0.bias"]
     x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     assert main(["run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npy")]) == 0

@@ -29,7 +29,7 @@ from glcomp.ir.tensor import Tensor, unary
 from glcomp.program import ENTRY_POINTS, Program
 
 FORMAT = "glcomp-bundle"
-VERSION = 1
+VERSION = 2
 TARGET_LIMITS = ("max_texture_size", "max_draw_buffers", "max_texture_units", "max_loop_iterations")
 
 
@@ -38,13 +38,38 @@ class Bundle:
     manifest: dict[str, Any]
     shaders: dict[str, str]  # file name under shaders/ -> source
     weights: dict[str, np.ndarray]
+    # program.json: the IR graphs and what `glcomp.load` needs to rebuild the Program (plain
+    # JSON data, see Program.to_json); None for bundles built by hand.
+    program: dict[str, Any] | None = None
 
     def save(self, directory: str | Path) -> Path:
-        """Write the bundle into `directory` (created; existing bundle files are replaced,
-        anything else in it is left alone)."""
+        """Write the bundle to `directory` atomically (see glcomp.codegen.schema.write_bundle):
+        a bundle already there is replaced as a whole, other files beside it are kept, and a
+        failed save leaves the previous bundle as it was. Returns the directory."""
         from glcomp.codegen.schema import write_bundle
 
         return write_bundle(self, Path(directory))
+
+    def with_state(self, weights: dict[str, Any], lr: float) -> Bundle:
+        """The same bundle holding other state: `weights` must hold every state and counter
+        of this bundle in its shape (extra names are an error); `lr` is the learning rate."""
+        states, counters = self.manifest["states"], self.manifest["counters"]
+        want = {k: tuple(st["layout"]["shape"]) for k, st in states.items()} | {k: () for k in counters}
+        if set(weights) != set(want):
+            raise GlcompError(
+                f"bundle state: missing {sorted(set(want) - set(weights))}, "
+                f"unexpected {sorted(set(weights) - set(want))}"
+            )
+        new: dict[str, np.ndarray] = {}
+        for k, shape in want.items():
+            value = np.asarray(weights[k])
+            if value.shape != shape:
+                raise GlcompError(f"bundle state: {k!r} has shape {value.shape}, expected {shape}")
+            new[k] = value.astype(np.int64 if k in counters else np.float32)
+        manifest = dict(self.manifest)
+        manifest["hyper"] = {**self.manifest["hyper"], "lr": float(lr)}
+        manifest["counters"] = {k: int(new[k]) for k in counters}
+        return Bundle(manifest, dict(self.shaders), new, self.program)
 
 
 def _state_outputs(graph: Graph) -> dict[str, str]:
@@ -165,7 +190,7 @@ def build_bundle(program: Program) -> Bundle:
     }
     weights = {k: np.asarray(v, np.float32) for k, v in init.items()}
     weights |= {k: np.asarray(v, np.int64) for k, v in program.counters.items()}
-    return Bundle(manifest, shaders, weights)
+    return Bundle(manifest, shaders, weights, program.to_json())
 
 
 def _lower_entry(

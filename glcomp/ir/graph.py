@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,8 @@ from glcomp.ir.ops.registry import get_op
 
 # Roles of graph inputs: what the runtime feeds them with.
 ROLES = ("data", "target", "param", "buffer", "state", "hyper")
+DTYPES = ("float32", "int32", "int64")  # what a saved graph may declare
+MAX_ELEMENTS = 1 << 31  # elements of one tensor in a saved graph
 
 _ORIGIN: contextvars.ContextVar[str] = contextvars.ContextVar("glcomp_origin", default="")
 
@@ -178,3 +181,140 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"<Graph {self.g.number_of_nodes()} nodes, outputs {list(self.outputs)}>"
+
+    # -- serialization --------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The graph as plain JSON data: nodes (id, op, shape, dtype, attrs, origin, operands in
+        order), inputs and outputs. `Graph.from_json` rebuilds an identical graph (same node ids,
+        so the same evaluation order)."""
+        nodes = []
+        for n in self.nodes():
+            data = self.g.nodes[n]
+            nodes.append(
+                {
+                    "id": n,
+                    "op": data["op"],
+                    "shape": list(data["shape"]),
+                    "dtype": data["dtype"],
+                    "attrs": {k: _attr_to_json(v) for k, v in data["attrs"].items()},
+                    "origin": data["origin"],
+                    "operands": self.operands(n),
+                }
+            )
+        return {
+            "nodes": nodes,
+            "inputs": dict(self.inputs),
+            "outputs": dict(self.outputs),
+            "next": self._next,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "graph") -> Graph:
+        """Rebuild a graph from `to_json` data, which is untrusted: every field is type-checked,
+        every op must be registered, operands must name earlier nodes, and the result must pass
+        `validate` (shapes agree with the ops' shape rules). Faults raise GlcompError starting
+        with `where`. Nothing is executed."""
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise GlcompError(f"{where}: {msg}")
+
+        need(isinstance(data, dict), "must be an object")
+        need(
+            set(data) == {"nodes", "inputs", "outputs", "next"},
+            "must have the keys inputs, next, nodes, outputs",
+        )
+        nodes = data["nodes"]
+        need(isinstance(nodes, list), "nodes must be a list")
+        g = cls()
+        for i, node in enumerate(nodes):
+            field = f"nodes[{i}]"
+            need(isinstance(node, dict), f"{field} must be an object")
+            keys = {"id", "op", "shape", "dtype", "attrs", "origin", "operands"}
+            need(set(node) == keys, f"{field} must have exactly the keys {sorted(keys)}")
+            n = node["id"]
+            need(_is_int(n) and n >= 0 and n not in g.g, f"{field}.id must be a new non-negative integer")
+            op = node["op"]
+            need(isinstance(op, str), f"{field}.op must be a string")
+            try:
+                get_op(op)
+            except KeyError:
+                raise GlcompError(f"{where}: {field} has unknown op {op!r}") from None
+            shape = node["shape"]
+            need(
+                isinstance(shape, list)
+                and len(shape) <= 8
+                and all(_is_int(s) and 0 <= s <= MAX_ELEMENTS for s in shape)
+                and math.prod(shape) <= MAX_ELEMENTS,
+                f"{field} ({op}) has a bad shape {shape!r}",
+            )
+            need(node["dtype"] in DTYPES, f"{field}.dtype must be one of {DTYPES}")
+            need(isinstance(node["origin"], str), f"{field}.origin must be a string")
+            attrs = node["attrs"]
+            need(isinstance(attrs, dict), f"{field}.attrs must be an object")
+            operands = node["operands"]
+            need(
+                isinstance(operands, list) and all(_is_int(o) and o in g.g for o in operands),
+                f"{field}.operands must list earlier nodes",
+            )
+            try:
+                frozen = {k: _attr_from_json(v) for k, v in attrs.items()}
+            except ValueError as err:
+                raise GlcompError(f"{where}: {field}.attrs: {err}") from None
+            g.g.add_node(
+                n, op=op, shape=tuple(shape), dtype=node["dtype"], attrs=frozen, origin=node["origin"]
+            )
+            for index, src in enumerate(operands):
+                g.g.add_edge(src, n, index=index)
+        for key in ("inputs", "outputs"):
+            table = data[key]
+            need(isinstance(table, dict), f"{key} must be an object")
+            for name, n in table.items():
+                need(_is_int(n) and n in g.g, f"{key}.{name} must name a node")
+        g.inputs = dict(data["inputs"])
+        g.outputs = dict(data["outputs"])
+        need(_is_int(data["next"]) and data["next"] > max(g.g.nodes, default=-1), "next must exceed every id")
+        g._next = data["next"]
+        for name, n in g.inputs.items():
+            attrs = g.attrs(n)
+            need(
+                g.op(n) == "input" and attrs.get("name") == name and attrs.get("role") in ROLES,
+                f"input {name!r} is not an input node with a known role",
+            )
+        try:
+            g.validate()
+        except Exception as err:  # a shape rule fed hostile attributes may fail in any way
+            raise GlcompError(f"{where}: {err}") from None
+        return g
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_SPECIAL_FLOATS = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
+
+
+def _attr_to_json(value: Any) -> Any:
+    """Node attribute -> JSON: tuples become lists, non-finite floats ``{"float": "inf"}``."""
+    if isinstance(value, tuple | list):
+        return [_attr_to_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if hasattr(value, "item"):  # numpy scalar
+        return _attr_to_json(value.item())
+    raise GlcompError(f"graph attribute {value!r} of type {type(value).__name__} cannot be saved")
+
+
+def _attr_from_json(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_attr_from_json(v) for v in value)
+    if isinstance(value, dict):
+        if set(value) == {"float"} and value["float"] in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[value["float"]]
+        raise ValueError(f"unexpected object {value!r}")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise ValueError(f"unexpected value {value!r}")

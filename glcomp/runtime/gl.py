@@ -568,3 +568,15 @@ class GLRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+    @_gl_call
+    def save(self, directory: Any) -> Any:
+        """Save this runtime as a bundle (atomically, see `Bundle.save`) holding its current
+        state: parameters, buffers, optimizer state, step counters and learning rate, read back
+        from the textures. ``glcomp.load(directory)`` resumes from exactly this state."""
+        weights: dict[str, np.ndarray] = {}
+        for name, st in self.manifest["states"].items():
+            refs = [{"state": name, "version": "cur", "page": p} for p in range(st["layout"]["pages"])]
+            weights[name] = self._read(refs, st["layout"])
+        weights |= {k: np.asarray(v, np.int64) for k, v in self.counters.items()}
+        return self.bundle.with_state(weights, self.hyper["lr"]).save(directory)

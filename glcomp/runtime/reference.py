@@ -163,3 +163,17 @@ class ReferenceRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+    def save(self, directory: Any) -> Any:
+        """Save this runtime as a bundle (atomically, see `Bundle.save`) holding its current
+        state: parameters, buffers, optimizer state, step counters and learning rate (as
+        float32). ``glcomp.load(directory)`` resumes from exactly this state."""
+        f32 = {k: np.asarray(v, np.float32) for k, v in (self.params | self.buffers | self.opt_state).items()}
+        program = self.program.with_state(
+            params={k: f32[k] for k in self.params},
+            buffers={k: f32[k] for k in self.buffers},
+            opt_state={k: f32[k] for k in self.opt_state},
+            counters={k: np.array(v) for k, v in self.counters.items()},
+            lr=self.lr,
+        )
+        return program.save(directory)

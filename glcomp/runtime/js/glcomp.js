@@ -9,9 +9,14 @@
 //   rt.dispose();
 
 export const FORMAT = "glcomp-bundle";
-export const VERSIONS = [1];
+export const VERSIONS = [1, 2]; // 2 adds `files` (sha256 of each file) and program.json
 export const MAX_SIDE = 1 << 16;
 const NAME_RE = /^[A-Za-z0-9_.#-]{1,200}$/;
+// State names (torch names) may hold any printable character, spaces, tabs and newlines, as in
+// schema.py state_name_ok: they live only in JSON and the weights file, never in GLSL or paths.
+const STATE_NAME_RE = /^(?:[^\p{C}\p{Z}]|[ \t\n\r]){1,500}$/u;
+const HEX_RE = /^[0-9a-f]{64}$/;
+const PROGRAM_FILE = "program.json";
 const SHADER_RE = /^[A-Za-z0-9_]{1,64}\.(frag|vert)$/;
 const UNIFORM_RE = /^[a-z][a-z0-9_]{0,40}$/;
 const ENTRY_POINTS = ["predict", "gradients", "train_step"];
@@ -74,6 +79,10 @@ class Check {
     this.need(typeof obj === "string" && NAME_RE.test(obj), `${field} has an invalid name ${repr(obj)}`);
     return obj;
   }
+  stateName(obj, field) {
+    this.need(typeof obj === "string" && STATE_NAME_RE.test(obj), `${field} has an invalid name ${repr(obj)}`);
+    return obj;
+  }
 }
 
 const LAYOUT_KEYS = ["height", "pages", "row_len", "row_texels", "rows", "shape", "texels", "width"];
@@ -132,7 +141,7 @@ export function validateManifest(m, shaderNames) {
   const states = c.dict(m.states, "states");
   const owner = new Map(); // texture -> state owning it
   for (const [name, st] of Object.entries(states)) {
-    c.name(name, "state");
+    c.stateName(name, "state");
     c.dict(st, `states.${name}`);
     const lay = checkLayout(c, st.layout, `states.${name}.layout`);
     c.need(["param", "buffer", "state"].includes(st.role), `states.${name}.role must be 'param', 'buffer' or 'state'`);
@@ -167,7 +176,7 @@ export function validateManifest(m, shaderNames) {
   }
   const counters = c.dict(m.counters, "counters");
   for (const [name, value] of Object.entries(counters)) {
-    c.name(name, "counter");
+    c.stateName(name, "counter");
     c.int(value, `counters.${name}`, 0);
     c.need(!Object.hasOwn(states, name), `counters.${name} has the name of a state`);
   }
@@ -220,7 +229,7 @@ export function validateManifest(m, shaderNames) {
       }
     }
     for (const [name, out] of Object.entries(c.dict(e.outputs, `entries.${entry}.outputs`))) {
-      c.name(name.replace(/:/g, "_"), `entries.${entry}.outputs`);
+      c.stateName(name, `entries.${entry}.outputs`);
       c.dict(out, `entries.${entry}.outputs.${name}`);
       const lay = checkLayout(c, out.layout, `entries.${entry}.outputs.${name}.layout`);
       c.need(Array.isArray(out.textures) && out.textures.length === lay.pages,
@@ -266,6 +275,71 @@ export function validateManifest(m, shaderNames) {
       c.need(d.kernel === undefined || typeof d.kernel === "string", `${field}.kernel must be a string`);
     });
   }
+  if (m.version >= 2 || "files" in m) {
+    const hashes = c.dict(m.files, "files");
+    for (const [path, digest] of Object.entries(hashes)) {
+      const parts = path.split("/");
+      const ok = path === "weights.safetensors" || path === PROGRAM_FILE
+        || (parts.length === 2 && parts[0] === "shaders" && SHADER_RE.test(parts[1]));
+      c.need(ok, `files: unexpected file ${repr(path)}`);
+      c.need(typeof digest === "string" && HEX_RE.test(digest), `files.${path}: not a sha256 hex digest`);
+    }
+    const wanted = new Set([m.vertex_shader, ...Object.values(programs).map((p) => p.fragment)]);
+    for (const path of ["weights.safetensors", ...[...wanted].sort().map((n) => `shaders/${n}`)]) {
+      c.need(Object.hasOwn(hashes, path), `files: no sha256 for ${path}`);
+    }
+  }
+}
+
+// -- sha256 (crypto.subtle where offered: it is missing outside secure contexts) ------------------
+const K256 = new Uint32Array([
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2]);
+
+/** SHA-256 of the bytes, in JavaScript (FIPS 180-4). */
+export function sha256Sync(bytes) {
+  const n = bytes.length;
+  const padded = new Uint8Array(Math.ceil((n + 9) / 64) * 64);
+  padded.set(bytes);
+  padded[n] = 0x80;
+  const view = new DataView(padded.buffer);
+  view.setUint32(padded.length - 8, Math.floor(n / 2 ** 29));
+  view.setUint32(padded.length - 4, (n * 8) >>> 0);
+  const h = new Uint32Array([0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19]);
+  const w = new Uint32Array(64);
+  const rotr = (x, r) => (x >>> r) | (x << (32 - r));
+  for (let off = 0; off < padded.length; off += 64) {
+    for (let i = 0; i < 16; i++) w[i] = view.getUint32(off + 4 * i);
+    for (let i = 16; i < 64; i++) {
+      const s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >>> 3);
+      const s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >>> 10);
+      w[i] = (w[i - 16] + s0 + w[i - 7] + s1) >>> 0;
+    }
+    let [a, b, c, d, e, f, g, hh] = h;
+    for (let i = 0; i < 64; i++) {
+      const t1 = (hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i]) >>> 0;
+      const t2 = ((rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))) >>> 0;
+      hh = g; g = f; f = e; e = (d + t1) >>> 0; d = c; c = b; b = a; a = (t1 + t2) >>> 0;
+    }
+    [a, b, c, d, e, f, g, hh].forEach((v, i) => { h[i] = (h[i] + v) >>> 0; });
+  }
+  return Array.from(h, (v) => v.toString(16).padStart(8, "0")).join("");
+}
+
+/** SHA-256 hex digest of an ArrayBuffer / typed array. */
+export async function sha256(data) {
+  const bytes = data instanceof Uint8Array ? data : new Uint8Array(toArrayBuffer(data));
+  if (typeof crypto !== "undefined" && crypto.subtle) {
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+    return Array.from(digest, (v) => v.toString(16).padStart(2, "0")).join("");
+  }
+  return sha256Sync(bytes);
 }
 
 // -- safetensors ------------------------------------------------------------------------------
@@ -579,7 +653,8 @@ export async function loadBundle(source) {
     unique.forEach((name, i) => { if (texts[i] !== null) shaders[name] = texts[i]; });
   }
   validateManifest(manifest, Object.keys(shaders));
-  const tensors = parseSafetensors(await weightsBuf());
+  const weightsBytes = await weightsBuf();
+  const tensors = parseSafetensors(weightsBytes);
   const expected = {};
   for (const [k, st] of Object.entries(manifest.states)) expected[k] = st.layout.shape;
   for (const k of Object.keys(manifest.counters)) expected[k] = [];
@@ -602,6 +677,18 @@ export async function loadBundle(source) {
     }
     if (isCounter) counters[k] = Number(t.data[0]);
     else weights[k] = values;
+  }
+  if (isObj(manifest.files)) {
+    // Checked last, so a damaged file is reported by what is wrong with it where that is known.
+    const check = async (path, bytes) => {
+      if (await sha256(bytes) !== manifest.files[path]) {
+        throw new GlcompError(`bundle ${path}: its sha256 does not match the one manifest.json records `
+          + "(the file was changed, or comes from another save)");
+      }
+    };
+    await check("weights.safetensors", weightsBytes);
+    for (const [name, text] of Object.entries(shaders)) await check(`shaders/${name}`, new TextEncoder().encode(text));
+    delete manifest.files;
   }
   return { manifest, shaders, weights, counters };
 }
