@@ -131,8 +131,11 @@ def _fuse_epilogues(graph: Graph, stored: set[int]) -> None:
                 stored.discard(n)
 
 
-def _fused_region(graph: Graph, root: int, stored: set[int]) -> tuple[list[int], list[int]]:
-    """Nodes computed inside root's kernel and the stored leaves it reads."""
+def _fused_region(
+    graph: Graph, root: int, stored: set[int], position: dict[int, int]
+) -> tuple[list[int], list[int]]:
+    """Nodes computed inside root's kernel (in the topological order `position` gives) and the
+    stored leaves it reads."""
     body: set[int] = set()
     leaves: set[int] = set()
     stack = list(graph.operands(root))
@@ -143,8 +146,7 @@ def _fused_region(graph: Graph, root: int, stored: set[int]) -> tuple[list[int],
         elif n not in body:
             body.add(n)
             stack.extend(graph.operands(n))
-    order = [n for n in graph.topo() if n in body]
-    return order, sorted(leaves)
+    return sorted(body, key=position.__getitem__), sorted(leaves)
 
 
 def _samplers(graph: Graph, leaves: list[int], pages: dict[int, int]) -> int:
@@ -165,13 +167,15 @@ def plan_kernels(
     if fusion and epilogue:
         _fuse_epilogues(graph, stored)
     kernels: list[Kernel] = []
+    order = graph.topo()  # sorted once: the graph does not change while planning
+    position = {n: i for i, n in enumerate(order)}
     changed = True
     while changed:  # storing one more value can only reduce sampler pressure elsewhere
         changed = False
-        for n in graph.topo():
+        for n in order:
             if n not in stored or graph.op(n) == "input":
                 continue
-            body, leaves = _fused_region(graph, n, stored)
+            body, leaves = _fused_region(graph, n, stored, position)
             while _samplers(graph, leaves, pages) > target.max_texture_units:
                 candidates = [b for b in body if graph.op(b) != "const"]
                 if not candidates:
@@ -181,14 +185,14 @@ def plan_kernels(
                         f"{target.max_texture_units} texture units"
                     )
                 # Store the fused operand that hides the most leaves behind it.
-                best = max(candidates, key=lambda b: (len(_fused_region(graph, b, stored)[1]), -b))
+                best = max(candidates, key=lambda b: (len(_fused_region(graph, b, stored, position)[1]), -b))
                 stored.add(best)
                 changed = True
-                body, leaves = _fused_region(graph, n, stored)
-    for n in graph.topo():
+                body, leaves = _fused_region(graph, n, stored, position)
+    for n in order:
         if n not in stored or graph.op(n) == "input":
             continue
-        body, leaves = _fused_region(graph, n, stored)
+        body, leaves = _fused_region(graph, n, stored, position)
         rule = get_op(graph.op(n))
         template = rule.template if rule.kind not in FUSIBLE and rule.kind != "source" else "map"
         origins = sorted({graph.node(m)["origin"] for m in [*body, n] if graph.node(m)["origin"]})
