@@ -28,7 +28,6 @@ from glcomp.codegen.bundle import PASSES, build_bundle
 from glcomp.codegen.layout import layout_for
 from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.plan import Kernel
-from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
 from glcomp.codegen.target import make_target
 
 RTOL = 1e-4  # relative to each element
@@ -81,10 +80,12 @@ def specs(draw: Any) -> Spec:
     """Models whose every shape is valid: conv blocks while the image is large enough, then
     Flatten and one to three Linear layers."""
     spec = Spec(
-        batch=draw(st.integers(1, 16)),
+        # Small and large sizes alike: long loops (a batch of 16 at 32x32) are where kernels
+        # meet the limits of the target and of software rasterizers.
+        batch=draw(st.integers(1, 4) | st.integers(8, 16)),
         channels=draw(st.integers(1, 3)),
-        height=draw(st.integers(1, 32)),
-        width=draw(st.integers(1, 32)),
+        height=draw(st.integers(1, 12) | st.integers(24, 32)),
+        width=draw(st.integers(1, 12) | st.integers(24, 32)),
     )
     c, h, w = spec.channels, spec.height, spec.width
     for _ in range(draw(st.integers(0, 2))):
@@ -222,6 +223,8 @@ def test_single_kernel_past_the_loop_budget_is_unrolled(gl_runtime: Any) -> None
 
 def test_mrt_refuses_groups_past_the_loop_budget() -> None:
     """Two loop kernels that fit the budget alone but not together stay in separate draws."""
+    from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
+
     glcomp.manual_seed(0)
     spec = Spec(16, 1, 32, 32, LENET, classes=10, optimizer="adam")
     prog = glcomp.compile(
@@ -241,3 +244,14 @@ def test_mrt_refuses_groups_past_the_loop_budget() -> None:
     assert all(n <= FRAGMENT_LOOP_BUDGET for n in alone) and sum(alone) > FRAGMENT_LOOP_BUDGET
     layouts = {n: layout_for(graph.shape(n), target.max_texture_size) for n in graph.nodes()}
     assert len(mrt_fusion(kernels, graph, layouts, target, fixed=set())) == 2
+
+
+def test_kernel_past_the_budget_even_unrolled_is_refused() -> None:
+    """A loop too long to fit the per-invocation budget even unrolled is a compile error naming
+    the layer, not a shader that silently returns partial sums."""
+    glcomp.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 1, 3), nn.Flatten(), nn.Linear(598 * 598, 2))
+    loss, opt = nn.CrossEntropyLoss(), optim.SGD(lr=0.1)
+    prog = glcomp.compile(model, {"x": (1, 1, 600, 600)}, loss=loss, optimizer=opt)
+    with pytest.raises(glcomp.GlcompError, match=r"loop iterations per texel.*smaller batch"):
+        build_bundle(prog)
