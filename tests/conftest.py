@@ -201,7 +201,7 @@ def dialect(request: pytest.FixtureRequest) -> str:
 # "default" keeps property tests that do not set their own example count (the GL fuzzer,
 # tests/test_fuzz_gl.py) quick; `pytest --slow` loads "slow", which runs thousands of examples.
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("default", max_examples=8, deadline=None, suppress_health_check=_HEALTH)
+settings.register_profile("default", max_examples=6, deadline=None, suppress_health_check=_HEALTH)
 settings.register_profile("slow", max_examples=3000, deadline=None, suppress_health_check=_HEALTH)
 
 

@@ -3,7 +3,9 @@
 Kernels that can run at the same point of the schedule and read the same textures (the weight, input and
 bias gradients of a layer; Adam's new parameter, first and second moments) are merged: the
 shader is rendered once with several roots. An elementwise root read by a later member is
-recomputed inline instead of sampled (it is being written in the same draw). All attachments of
+recomputed inline instead of sampled (it is being written in the same draw), unless a loop is
+fused into it. A group's loops together stay within the per-invocation loop budget
+(glcomp.codegen.render.FRAGMENT_LOOP_BUDGET). All attachments of
 a framebuffer must have one size (WebGL 2), so the group's values get a common footprint.
 """
 
