@@ -19,7 +19,7 @@ from typing import Any
 import hypothesis
 import numpy as np
 import pytest
-from hypothesis import given, note
+from hypothesis import given, note, target
 from hypothesis import strategies as st
 
 import glcomp
@@ -49,6 +49,18 @@ class Spec:
     target: str = "webgl2"
     passes: dict[str, bool] = field(default_factory=dict)
     seed: int = 0
+
+    def longest_loop(self) -> int:
+        """The most positions a conv layer's weight gradient sums over (batch x output area)."""
+        h, w, most = self.height, self.width, 0
+        for layer in self.layers:
+            if layer[0] == "conv":
+                _, _, _, k, stride, pad, _ = layer
+                h, w = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+                most = max(most, self.batch * h * w)
+            elif layer[0] in ("maxpool", "avgpool"):
+                h, w = h // layer[1], w // layer[1]
+        return most
 
     def build(self) -> nn.Module:
         mods: list[nn.Module] = []
@@ -190,6 +202,9 @@ def test_gl_matches_reference_on_random_models(gl_runtime: Any, request: pytest.
     @given(spec=specs())
     def run(spec: Spec) -> None:
         note(repr(spec))
+        # Steer the search toward long loops, where shaders meet the loop limits of the target
+        # and of software rasterizers (Hypothesis's targeted phase maximises this).
+        target(float(spec.longest_loop()), label="longest conv-gradient loop")
         check_model(spec, gl_runtime)
 
     if not request.config.getoption("--slow"):
@@ -244,17 +259,17 @@ def test_mrt_refuses_groups_past_the_loop_budget() -> None:
     bundle = build_bundle(prog)
     assert any("+" in d["kernel"] for d in bundle.manifest["entries"]["train_step"]["draws"])  # MRT is on
     graph = prog.graphs["train_step"]
-    target = make_target("webgl2")
+    webgl2 = make_target("webgl2")
     weight_grads = [n for n in graph.nodes() if graph.op(n) == "conv2d_weight_grad"]
     first = max(weight_grads, key=lambda n: graph.shape(graph.operands(n)[1])[2])  # 28x28 gradient
     x, g = graph.operands(first)
     sums = [n for n in graph.nodes() if graph.op(n) == "sum" and list(graph.operands(n)) == [g]]
     assert sums, "the first conv layer's bias gradient reads its output gradient directly"
     kernels = [Kernel("k0_sum", [sums[0]], [], [g], "reduce"), Kernel("k1_wg", [first], [], [x, g], "conv")]
-    alone = [fragment_iterations(graph, k.roots, set(k.leaves), target.max_loop_iterations) for k in kernels]
+    alone = [fragment_iterations(graph, k.roots, set(k.leaves), webgl2.max_loop_iterations) for k in kernels]
     assert all(n <= FRAGMENT_LOOP_BUDGET for n in alone) and sum(alone) > FRAGMENT_LOOP_BUDGET
-    layouts = {n: layout_for(graph.shape(n), target.max_texture_size) for n in graph.nodes()}
-    assert len(mrt_fusion(kernels, graph, layouts, target, fixed=set())) == 2
+    layouts = {n: layout_for(graph.shape(n), webgl2.max_texture_size) for n in graph.nodes()}
+    assert len(mrt_fusion(kernels, graph, layouts, webgl2, fixed=set())) == 2
 
 
 def test_kernel_past_the_budget_even_unrolled_is_refused() -> None:
