@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 import glcomp
 from glcomp import nn, optim
@@ -194,3 +195,21 @@ def model_case(request: pytest.FixtureRequest) -> ModelCase:
 def dialect(request: pytest.FixtureRequest) -> str:
     """Each GLSL dialect in turn: "webgl2" (GLSL ES 3.00) and "webgl1" (GLSL ES 1.00)."""
     return request.param
+
+
+# -- Hypothesis profiles ---------------------------------------------------------------------------
+# "default" keeps property tests that do not set their own example count (the GL fuzzer,
+# tests/test_fuzz_gl.py) quick; `pytest --slow` loads "slow", which runs thousands of examples.
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile("default", max_examples=6, deadline=None, suppress_health_check=_HEALTH)
+settings.register_profile("slow", max_examples=3000, deadline=None, suppress_health_check=_HEALTH)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow", action="store_true", default=False, help="run property tests with the 'slow' profile"
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.load_profile("slow" if config.getoption("--slow") else "default")

@@ -3,7 +3,9 @@
 Kernels that can run at the same point of the schedule and read the same textures (the weight, input and
 bias gradients of a layer; Adam's new parameter, first and second moments) are merged: the
 shader is rendered once with several roots. An elementwise root read by a later member is
-recomputed inline instead of sampled (it is being written in the same draw). All attachments of
+recomputed inline instead of sampled (it is being written in the same draw), unless a loop is
+fused into it. A group's loops together stay within the per-invocation loop budget
+(glcomp.codegen.render.FRAGMENT_LOOP_BUDGET). All attachments of
 a framebuffer must have one size (WebGL 2), so the group's values get a common footprint.
 """
 
@@ -13,6 +15,7 @@ import math
 
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.plan import FUSIBLE, Kernel
+from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
 from glcomp.codegen.target import Target
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
@@ -38,7 +41,10 @@ def mrt_fusion(
     `max_draw_buffers` targets and at most `max_texture_units` samplers; every root of a group
     gets a layout of the same width and height (`layouts` is updated in place), and values in
     `fixed` (state textures with a preset layout) only join groups whose footprint they already
-    have. A kernel joins a group only when it shares a texture read with it or reads one of its
+    have; a group runs at most FRAGMENT_LOOP_BUDGET loop iterations per texel over all its roots
+    (software rasterizers stop a shader's loops past a shared limit, so stacking long loops in
+    one draw would return partial sums), and a root is recomputed inline only when no loop is
+    fused into it. A kernel joins a group only when it shares a texture read with it or reads one of its
     results: otherwise merging saves nothing worth the larger shader.
     """
     out: list[Kernel] = []
@@ -90,21 +96,30 @@ def root_cost(graph: Graph, n: int) -> int:
 
 
 def _pays(
-    graph: Graph, layouts: dict[int, Layout], a: list[int], b: list[int], footprint: int, target: Target
+    graph: Graph,
+    layouts: dict[int, Layout],
+    a: list[int],
+    b: list[int],
+    footprint: int,
+    target: Target,
+    cost: dict[int, int],
 ) -> bool:
     """Merging saves a draw; it costs the work of each root over texels it would not cover alone
     (WebGL 1 computes every root on every texel of the shared footprint; WebGL 2 skips texels
-    past a root's data, but the larger footprint still runs)."""
-    separate = sum(layouts[r].texels * 4 * root_cost(graph, r) for r in a + b)
+    past a root's data, but the larger footprint still runs). `cost` is each root's work per
+    element."""
+    separate = sum(layouts[r].texels * 4 * cost[r] for r in a + b)
     if target.webgl1:
-        merged = footprint * 4 * sum(root_cost(graph, r) for r in a + b)
+        merged = footprint * 4 * sum(cost[r] for r in a + b)
     else:
         merged = separate + footprint * 4 * len(a + b)
     return merged <= separate + DRAW_COST
 
 
-def _has_fused_loop(graph: Graph, k: Kernel) -> bool:
-    return any(not _fusible_root(graph, n) for n in k.body)
+def _root_work(graph: Graph, r: int, leaves: set[int], limit: int) -> int:
+    """Work per output element of root `r` in a kernel reading `leaves`: its own loop, or the
+    loops fused into it (an epilogue root is elementwise but runs its loop operand's loop)."""
+    return max(root_cost(graph, r), fragment_iterations(graph, [r], leaves, limit) // 4)
 
 
 def _try_merge(
@@ -112,14 +127,15 @@ def _try_merge(
 ) -> Kernel | None:
     if len(g.roots) + len(k.roots) > target.max_draw_buffers:
         return None
-    if _has_fused_loop(graph, g) or _has_fused_loop(graph, k):
-        return None  # an epilogue kernel already runs a loop per texel; keep it on its own
     roots = g.roots + k.roots
     if any(layouts[r].pages > 1 for r in roots):
         return None
+    limit = target.max_loop_iterations
     reads_group = [leaf for leaf in k.leaves if leaf in g.roots]
     if reads_group and not all(_fusible_root(graph, r) for r in reads_group):
         return None  # a loop kernel's result cannot be recomputed inline cheaply
+    if any(fragment_iterations(graph, [r], set(g.leaves), limit) for r in reads_group):
+        return None  # nor can an epilogue root, which runs a loop per element
     shared = set(g.leaves) & set(k.leaves)
     if not shared and not reads_group:
         return None
@@ -127,9 +143,12 @@ def _try_merge(
     samplers = sum(layouts[n].pages for n in leaves if graph.attrs(n).get("role") != "hyper")
     if samplers > target.max_texture_units:
         return None
+    if fragment_iterations(graph, roots, set(leaves), limit) > FRAGMENT_LOOP_BUDGET:
+        return None  # past the loop limiter of software rasterizers: keep the loops in their own draws
     width = max(layouts[r].width for r in roots)
     height = max(layouts[r].height for r in roots)
-    if not _pays(graph, layouts, g.roots, k.roots, width * height, target):
+    cost = {r: _root_work(graph, r, set(leaves), limit) for r in roots}
+    if not _pays(graph, layouts, g.roots, k.roots, width * height, target, cost):
         return None
     if any((layouts[r].width, layouts[r].height) != (width, height) for r in roots if r in fixed):
         return None

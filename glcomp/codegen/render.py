@@ -25,6 +25,73 @@ from glcomp.ir.ops import get_op
 
 FUSED_ROOT = ("elementwise", "movement", "index", "source")
 
+# Loop iterations one fragment-shader invocation may run in all, over every loop of the shader.
+# Mesa's llvmpipe (the software rasterizer the tests and many headless machines run) keeps one
+# loop limiter per invocation, shared by all loops, and silently leaves every loop once it has
+# counted 65535 iterations (LP_MAX_TGSI_LOOP_ITERATIONS): a kernel past it returns partial sums.
+# Every back-edge counts, outer loops included; the budget keeps a margin below the limit.
+FRAGMENT_LOOP_BUDGET = 65_000
+MAX_UNROLL = 16  # loop bodies repeated per iteration, at most, to fit a kernel in the budget
+
+
+def loop_trips(extent: int, limit: int, unroll: int = 1) -> tuple[int, int]:
+    """How `_loops.j2` runs a loop of `extent` indices under a per-loop `limit` with its body
+    repeated `unroll` times per iteration: (iterations the loops take, body executions)."""
+    if extent <= limit and unroll == 1:
+        return extent, extent
+    inner = -(-min(extent, limit) // unroll)
+    outer = -(-extent // (inner * unroll))
+    return (inner if outer == 1 else outer + outer * inner), outer * inner * unroll
+
+
+def _loop_extent(graph: Graph, n: int) -> int:
+    """The index count of the loop op `n`'s template loop."""
+    op, attrs = graph.op(n), graph.attrs(n)
+    ins = [graph.shape(i) for i in graph.operands(n)]
+    if op == "matmul":
+        return ins[0][1]
+    if op == "conv2d":
+        return ins[1][1] * ins[1][2] * ins[1][3]
+    if op == "conv2d_input_grad":
+        return ins[0][1] * ins[1][2] * ins[1][3]
+    if op == "conv2d_weight_grad":
+        return ins[0][0] * ins[1][2] * ins[1][3]
+    if get_op(op).kind == "reduce":
+        return math.prod(ins[0][a] for a in attrs["axes"])
+    if get_op(op).kind == "pool":
+        return math.prod(attrs["kernel"])
+    raise GlcompError(f"no loop model for op {op!r} (node %{n})")
+
+
+def fragment_iterations(graph: Graph, roots: list[int], leaves: set[int], limit: int, unroll: int = 1) -> int:
+    """Loop iterations one invocation of a kernel with these `roots` runs, counted as the loop
+    limiter of a software rasterizer counts them: every root is evaluated once per channel of its
+    texel (4 times), and a fused node is recomputed at every read. `leaves` are the values the
+    kernel samples (no work); `limit` is the target's per-loop limit and `unroll` the body
+    repetition of the rendered loops. Guarantee: never less than what the rendered shader runs."""
+    memo: dict[int, int] = {}
+
+    def calls(n: int) -> int:
+        if n in leaves or graph.op(n) in ("const", "input"):
+            return 0
+        if n in memo:
+            return memo[n]
+        ops = graph.operands(n)
+        kind = get_op(graph.op(n)).kind
+        if kind in FUSED_ROOT:
+            total = sum(calls(o) for o in ops)
+        else:
+            trips, runs = loop_trips(_loop_extent(graph, n), limit, unroll)
+            per_run = sum(calls(o) for o in ops)
+            if graph.op(n) == "max_pool2d_grad":  # an inner argmax loop over the window per tap
+                window = math.prod(graph.attrs(n)["kernel"])
+                per_run = window + window * calls(ops[0]) + calls(ops[1])
+            total = trips + runs * per_run
+        memo[n] = total
+        return total
+
+    return sum(4 * calls(r) for r in roots)
+
 
 def root_template(graph: Graph, n: int) -> str:
     """The family template whose `root` macro computes node `n` as a render target."""
@@ -196,6 +263,8 @@ class KernelRenderer:
             raise GlcompError(f"no fused rendering for op {op!r} (node %{n})")
         return {"sig": sig, "lines": lines}
 
+    unroll = 1  # loop body repetition of the kernel being rendered (see `render`)
+
     def function(self, n: int) -> dict[str, Any]:
         """The GLSL function computing fused node `n`: a loop op (fused as an epilogue's operand)
         is rendered by its family template's macro, anything else by `node_function`."""
@@ -210,7 +279,7 @@ class KernelRenderer:
         rule = get_op(g.op(n))
         attrs, ins = g.attrs(n), g.operands(n)
         shape = g.shape(n)
-        r: dict[str, Any] = {"params": params(len(shape))}
+        r: dict[str, Any] = {"params": params(len(shape)), "unroll": self.unroll}
         if rule.template == "matmul" or rule.kind in ("elementwise", "movement", "index", "source"):
             if rule.template == "matmul":
                 r |= {"K": g.shape(ins[0])[1], "a": self.fn(ins[0]), "b": self.fn(ins[1])}
@@ -288,8 +357,29 @@ class KernelRenderer:
             "args": args,
         }
 
+    def kernel_unroll(self, kernel: Kernel) -> int:
+        """The smallest loop body repetition (a power of two) that keeps `kernel` within
+        FRAGMENT_LOOP_BUDGET loop iterations per invocation; GlcompError when none up to MAX_UNROLL
+        does (the kernel would return partial sums on software rasterizers)."""
+        leaves, limit = set(kernel.leaves), self.target.max_loop_iterations
+        unroll = 1
+        while True:
+            count = fragment_iterations(self.graph, kernel.roots, leaves, limit, unroll)
+            if count <= FRAGMENT_LOOP_BUDGET:
+                return unroll
+            if unroll >= MAX_UNROLL:
+                where = ", ".join(kernel.origins) or kernel.name
+                raise GlcompError(
+                    f"{where}: kernel {kernel.name} runs {count} loop iterations per texel even with "
+                    f"its loops unrolled {MAX_UNROLL} times, more than the {FRAGMENT_LOOP_BUDGET} a "
+                    "shader invocation may run (software rasterizers such as llvmpipe stop every loop "
+                    "after 65535 iterations); use a smaller batch or smaller inputs"
+                )
+            unroll *= 2
+
     def render(self, kernel: Kernel, hypers: dict[int, str]) -> Rendered:
         g, t = self.graph, self.target
+        self.unroll = self.kernel_unroll(kernel)
         samplers: list[tuple[str, int, int]] = []
         uniforms: list[tuple[str, str]] = []
         uniform_of: dict[int, str] = {}
