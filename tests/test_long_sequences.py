@@ -97,18 +97,19 @@ def test_lstm_over_100_steps_trains_on_gl(gl_runtime: Any) -> None:
 
 
 @pytest.mark.parametrize("target", ["webgl2", "webgl1"])
-def test_lstm_over_20_steps_trains_in_both_dialects(gl_runtime: Any, target: str) -> None:
+def test_lstm_over_17_steps_trains_in_both_dialects(gl_runtime: Any, target: str) -> None:
     glcomp.manual_seed(2)
-    prog = _compile(SeqModel(), (3, 20, 2), target)
-    _check_training(gl_runtime, prog, (3, 20, 2), steps=3)
+    prog = _compile(SeqModel(), (3, 17, 2), target)
+    _check_training(gl_runtime, prog, (3, 17, 2), steps=3)
 
 
 @pytest.mark.parametrize("units", [4, 8])
 def test_small_texture_unit_targets(gl_runtime: Any, units: int) -> None:
     glcomp.manual_seed(3)
-    prog = _compile(SeqModel(), (2, 6, 2), "webgl1", max_texture_units=units)
+    shape = (2, units + 1, 2)  # one step more than units: the stacked outputs cannot fit one kernel
+    prog = _compile(SeqModel(), shape, "webgl1", max_texture_units=units)
     assert _max_reads(build_bundle(prog)) <= units
-    _check_training(gl_runtime, prog, (2, 6, 2), steps=2)
+    _check_training(gl_runtime, prog, shape, steps=2)
 
 
 def test_cat_of_40_tensors_forward_and_backward(gl_runtime: Any) -> None:
