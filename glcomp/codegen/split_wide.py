@@ -110,13 +110,12 @@ def _groups(operands: list[int], pages: _Pages, limit: int) -> list[list[int]]:
 
 
 def _too_wide(graph: Graph, n: int, reads: int, limit: int) -> GlcompError:
-    shape = graph.shape(n)
     where = graph.node(n)["origin"] or "graph"
     return GlcompError(
-        f"{where}: {graph.op(n)} %{n} of shape {shape} reads {reads} texture pages and cannot be "
-        f"split below the target's {limit} texture units (a tensor larger than "
-        f"max_texture_size**2 texels takes one texture unit per page); raise max_texture_size or "
-        f"max_texture_units"
+        f"{where}: kernel for %{n} reads {reads} texture pages, more than the target's {limit} "
+        f"texture units, and its {graph.op(n)} of shape {graph.shape(n)} cannot be split further "
+        f"(a tensor larger than max_texture_size**2 texels takes one texture unit per page); "
+        f"raise max_texture_size or max_texture_units"
     )
 
 
