@@ -183,9 +183,11 @@ def plan_kernels(
     """Group the graph into kernels in execution order.
 
     Guarantees: every stored non-input node is the root of exactly one kernel, kernels come
-    in dependency order, and no kernel samples more textures than the target has units (a
-    fused operand is stored instead, largest first, until it fits). `pages` gives the number
-    of texture pages per node (split tensors need one sampler each).
+    in dependency order, and no kernel samples more textures than the target has units (fused
+    operands are stored instead, each time the one reading the most pages that still fits, until
+    the kernel fits) provided no node reads more pages through its own operands (split_wide
+    ensures that). `pages` gives the number of texture pages per node (split tensors need one
+    sampler each).
     """
     stored = materialized(graph, fusion)
     if fusion and epilogue:
