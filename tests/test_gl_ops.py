@@ -262,9 +262,18 @@ def test_too_few_texture_units_is_a_clear_error(dialect: str, gl_runtime: Any):
         def forward(self, x: Any) -> Any:
             return glcomp.cat([self.a, self.b, self.c], dim=1) + x
 
+    # A concat of three textures is gathered in two draws on a 2-unit target ...
     prog = glcomp.compile(Cat(), inputs={"x": (2, 9)}, target=dialect, max_texture_units=2)
+    x = np.random.default_rng(0).normal(size=(2, 9)).astype(np.float32)
+    with gl_runtime(prog) as gl:
+        assert all(len(d["samplers"]) <= 2 for d in _draws(gl.manifest, "predict"))
+        np.testing.assert_allclose(gl.predict(x=x), prog.runtime("reference").predict(x=x), rtol=RTOL)
+    # ... but an add of two tensors of two texture pages each cannot fit two units.
+    prog = glcomp.compile(
+        Cat(), inputs={"x": (2, 9)}, target=dialect, max_texture_units=2, max_texture_size=2
+    )
     with pytest.raises(
-        GlcompError, match=r"\(Cat\).*reads 3 texture pages, more than the target's 2 texture units"
+        GlcompError, match=r"\(Cat\).*reads 4 texture pages, more than the target's 2 texture units"
     ):
         with gl_runtime(prog):
             pass

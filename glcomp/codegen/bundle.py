@@ -21,6 +21,7 @@ from glcomp.codegen.memplan import Pool, plan_memory
 from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.plan import Kernel, plan_kernels
 from glcomp.codegen.render import KernelRenderer, vertex_shader
+from glcomp.codegen.split_wide import split_wide
 from glcomp.codegen.target import Target, make_target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
@@ -209,7 +210,7 @@ def _lower_entry(
     # IR rewrites first; then a written-back state must not alias an input or another output.
     if passes["pushdown"]:
         graph = transpose_pushdown(graph)
-    graph = _isolate_state_outputs(graph)
+    graph = _isolate_state_outputs(split_wide(graph, target))
     layouts: dict[int, Layout] = {n: layout_for(graph.shape(n), size) for n in graph.nodes()}
     pages = {n: lay.pages for n, lay in layouts.items()}
     kernels, stored = plan_kernels(graph, target, pages, passes["fusion"], passes["epilogue"])

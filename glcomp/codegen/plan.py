@@ -9,6 +9,7 @@ than one reader (counted through views) gets a texture of its own.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from glcomp.codegen.target import Target
@@ -132,24 +133,47 @@ def _fuse_epilogues(graph: Graph, stored: set[int]) -> None:
 
 
 def _fused_region(
-    graph: Graph, root: int, stored: set[int], position: dict[int, int]
+    graph: Graph, root: int, stored: set[int], index: _Index | None = None
 ) -> tuple[list[int], list[int]]:
-    """Nodes computed inside root's kernel (in the topological order `position` gives) and the
-    stored leaves it reads."""
+    """Nodes computed inside root's kernel and the stored leaves it reads."""
+    index = index or _Index(graph)
     body: set[int] = set()
     leaves: set[int] = set()
-    stack = list(graph.operands(root))
+    stack = list(index.operands[root])
     while stack:
         n = stack.pop()
         if n in stored or graph.op(n) == "input":  # hyper-parameters are uniforms, still leaves
             leaves.add(n)
         elif n not in body:
             body.add(n)
-            stack.extend(graph.operands(n))
-    return sorted(body, key=position.__getitem__), sorted(leaves)
+            stack.extend(index.operands[n])
+    return sorted(body, key=index.position.__getitem__), sorted(leaves)
 
 
-def _samplers(graph: Graph, leaves: list[int], pages: dict[int, int]) -> int:
+class _Index:
+    """Each node's operands and position in graph.topo(), computed once per plan."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.topo = graph.topo()
+        self.position = {n: i for i, n in enumerate(self.topo)}
+        self.operands = {n: graph.operands(n) for n in self.topo}
+
+
+def _leaf_sets(graph: Graph, body: list[int], stored: set[int], index: _Index) -> dict[int, set[int]]:
+    """For each node of a fused region (in topological order): the stored leaves it reads."""
+    sets: dict[int, set[int]] = {}
+    for b in body:
+        own: set[int] = set()
+        for o in index.operands[b]:
+            if o in stored or graph.op(o) == "input":
+                own.add(o)
+            else:
+                own |= sets[o]
+        sets[b] = own
+    return sets
+
+
+def _samplers(graph: Graph, leaves: Iterable[int], pages: dict[int, int]) -> int:
     return sum(pages[n] for n in leaves if graph.attrs(n).get("role") != "hyper")
 
 
@@ -159,24 +183,26 @@ def plan_kernels(
     """Group the graph into kernels in execution order.
 
     Guarantees: every stored non-input node is the root of exactly one kernel, kernels come
-    in dependency order, and no kernel samples more textures than the target has units (a
-    fused operand is stored instead, largest first, until it fits). `pages` gives the number
-    of texture pages per node (split tensors need one sampler each).
+    in dependency order, and no kernel samples more textures than the target has units (fused
+    operands are stored instead, each time the one reading the most pages that still fits, until
+    the kernel fits) provided no node reads more pages through its own operands (split_wide
+    ensures that). `pages` gives the number of texture pages per node (split tensors need one
+    sampler each).
     """
     stored = materialized(graph, fusion)
     if fusion and epilogue:
         _fuse_epilogues(graph, stored)
     kernels: list[Kernel] = []
-    order = graph.topo()  # sorted once: the graph does not change while planning
-    position = {n: i for i, n in enumerate(order)}
+    index = _Index(graph)
+    limit = target.max_texture_units
     changed = True
     while changed:  # storing one more value can only reduce sampler pressure elsewhere
         changed = False
-        for n in order:
+        for n in index.topo:
             if n not in stored or graph.op(n) == "input":
                 continue
-            body, leaves = _fused_region(graph, n, stored, position)
-            while _samplers(graph, leaves, pages) > target.max_texture_units:
+            body, leaves = _fused_region(graph, n, stored, index)
+            while _samplers(graph, leaves, pages) > limit:
                 candidates = [b for b in body if graph.op(b) != "const"]
                 if not candidates:
                     raise GlcompError(
@@ -184,15 +210,19 @@ def plan_kernels(
                         f"{_samplers(graph, leaves, pages)} texture pages, more than the target's "
                         f"{target.max_texture_units} texture units"
                     )
-                # Store the fused operand that hides the most leaves behind it.
-                best = max(candidates, key=lambda b: (len(_fused_region(graph, b, stored, position)[1]), -b))
+                # Store the fused operand that hides the most leaves behind it while fitting the
+                # target itself (a long chain of sums is then cut every `limit - 1` terms, not
+                # at every term), or else the one hiding the most leaves.
+                sets = _leaf_sets(graph, body, stored, index)
+                reads = {b: _samplers(graph, sets[b], pages) for b in candidates}
+                best = max(candidates, key=lambda b: (reads[b] <= limit, reads[b], -b))
                 stored.add(best)
                 changed = True
-                body, leaves = _fused_region(graph, n, stored, position)
-    for n in order:
+                body, leaves = _fused_region(graph, n, stored, index)
+    for n in index.topo:
         if n not in stored or graph.op(n) == "input":
             continue
-        body, leaves = _fused_region(graph, n, stored, position)
+        body, leaves = _fused_region(graph, n, stored, index)
         rule = get_op(graph.op(n))
         template = rule.template if rule.kind not in FUSIBLE and rule.kind != "source" else "map"
         origins = sorted({graph.node(m)["origin"] for m in [*body, n] if graph.node(m)["origin"]})
