@@ -61,7 +61,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     in_forward = _is_forward(loss)
 
     predict, _, result = trace_module(model, inputs, training=False)
-    set_outputs(predict, _without_none(result) if in_forward else result, type(model).__name__)
+    set_outputs(predict, _without_none(result), type(model).__name__)
     graphs["predict"] = _finish(predict)
     data = {n: InputSpec(n, predict.shape(predict.inputs[n])) for n in inputs}
     params = {k: p.data.copy() for k, p in model.named_parameters()}
@@ -70,6 +70,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     trainable = _trainable(model, optimizer)
     program = Program(graphs, data, None, params, trainable, buffers, counters, {}, 0.0, dict(options))
     program.options["target"] = target
+    if RNG_STEP in predict.inputs:  # random ops in eval mode (F.dropout's default training=True)
+        program.opt_state[RNG_STEP] = np.zeros((), np.float32)
     if loss is None:
         if optimizer is not None:
             raise GlcompError("an optimizer needs a loss: pass loss=nn.CrossEntropyLoss() or similar")
@@ -105,9 +107,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     if not isinstance(value, Tensor) or value.shape != ():
         raise GlcompError(f"loss ({_loss_name(loss)}) must return a scalar; use reduction='mean'")
     graph.outputs["loss"] = value.node
-    for g in (predict, graph):
-        if RNG_STEP in g.inputs:
-            program.opt_state[RNG_STEP] = np.zeros((), np.float32)
+    if RNG_STEP in graph.inputs:
+        program.opt_state[RNG_STEP] = np.zeros((), np.float32)
     if not trainable:
         raise GlcompError("no parameter has requires_grad=True: nothing to train")
     grads = autodiff(graph, "loss", trainable)

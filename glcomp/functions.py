@@ -157,6 +157,10 @@ def abs(t: Tensor) -> Tensor:  # noqa: A001
     return _need(t, "abs").abs()
 
 
+def erf(t: Tensor) -> Tensor:
+    return _need(t, "erf").erf()
+
+
 def sigmoid(t: Tensor) -> Tensor:
     return _need(t, "sigmoid").sigmoid()
 
@@ -233,7 +237,7 @@ def argmax(t: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
 
 
 __all__ = [
-    "abs", "arange", "argmax", "bmm", "chunk", "clamp", "clip", "cuda", "device", "exp", "flatten",
+    "abs", "arange", "argmax", "bmm", "chunk", "clamp", "clip", "cuda", "device", "erf", "exp", "flatten",
     "float32", "full", "full_like", "int32", "int64", "log", "log_softmax", "long", "masked_fill",
     "matmul", "mean", "no_grad", "ones", "ones_like", "pow", "relu", "reshape", "sigmoid", "softmax",
     "split", "sqrt", "squeeze", "sum", "tanh", "transpose", "tril", "triu", "unsqueeze", "zeros",

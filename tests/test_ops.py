@@ -245,6 +245,7 @@ def o_avg_pool2d_grad(g: np.ndarray, kernel: Any, stride: Any, padding: Any, inp
 
 ORACLES: dict[str, Callable[..., np.ndarray]] = {
     "hash_uniform": o_hash_uniform,
+    "erf": per_element(math.erf),
     "neg": per_element(lambda a: -a),
     "exp": per_element(math.exp),
     "log": per_element(math.log),

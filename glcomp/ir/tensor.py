@@ -176,6 +176,9 @@ class Tensor:
     def abs(self) -> Tensor:
         return maximum(self, -self)
 
+    def erf(self) -> Tensor:
+        return unary("erf", self)
+
     def neg(self) -> Tensor:
         return unary("neg", self)
 

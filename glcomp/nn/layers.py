@@ -588,8 +588,7 @@ class _ClassLoss(_Loss):
         super().__init__(size_average, reduce, reduction)
         if weight is not None:
             raise GlcompError(f"{type(self).__name__}: class weights are not supported yet")
-        if ignore_index != -100:
-            raise GlcompError(f"{type(self).__name__}: ignore_index is not supported yet")
+        self.ignore_index = ignore_index
 
     def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
         if len(output_shape) != 2:
@@ -604,12 +603,18 @@ class CrossEntropyLoss(_ClassLoss):
         self.label_smoothing = label_smoothing
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        return F.cross_entropy(logits, target, reduction=self.reduction, label_smoothing=self.label_smoothing)
+        return F.cross_entropy(
+            logits,
+            target,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+        )
 
 
 class NLLLoss(_ClassLoss):
     def forward(self, log_probs: Tensor, target: Tensor) -> Tensor:
-        return F.nll_loss(log_probs, target, reduction=self.reduction)
+        return F.nll_loss(log_probs, target, ignore_index=self.ignore_index, reduction=self.reduction)
 
 
 class MSELoss(_Loss):
@@ -625,7 +630,7 @@ class L1Loss(_Loss):
 class SmoothL1Loss(_Loss):
     def __init__(
         self, size_average: Any = None, reduce: Any = None, reduction: str = "mean", beta: float = 1.0
-    ) -> None:  # noqa: E501
+    ) -> None:
         super().__init__(size_average, reduce, reduction)
         self.beta = beta
 

@@ -10,6 +10,7 @@ from glcomp.ir.ops import (  # noqa: F401
     random,
     reduce,
     source,
+    special,
 )
 from glcomp.ir.ops.registry import KINDS, REGISTRY, Op, get_op, register
 
