@@ -68,7 +68,7 @@ def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
 
 
 def full(size: Any, fill_value: float, **_: Any) -> Any:
-    shape = _size((size,)) if isinstance(size, tuple | list) else _size((size,))
+    shape = _size((size,))
     graph = _graph()
     if graph is None:
         return np.full(shape, fill_value, np.float32)

@@ -35,7 +35,8 @@ class LRScheduler:
         for t in targets:
             if not hasattr(t, "set_lr") and not hasattr(t, "lr"):
                 raise GlcompError(
-                    f"scheduler: {type(t).__name__} has no set_lr; pass a runtime (prog.runtime(...)) or an optimizer"
+                    f"scheduler: {type(t).__name__} has no set_lr; "
+                    "pass a runtime (prog.runtime(...)) or an optimizer"
                 )
         self.targets = targets
         self.base_lr = float(base_lr) if base_lr is not None else _initial_lr(targets[0])
@@ -121,8 +122,13 @@ class CosineAnnealingLR(LRScheduler):
     """eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2 (torch's closed form)."""
 
     def __init__(
-        self, target: Any, T_max: int, eta_min: float = 0.0, last_epoch: int = -1, **kw: Any
-    ) -> None:  # noqa: N803
+        self,
+        target: Any,
+        T_max: int,  # noqa: N803 - torch's name
+        eta_min: float = 0.0,
+        last_epoch: int = -1,
+        **kw: Any,
+    ) -> None:
         self.T_max, self.eta_min = int(T_max), float(eta_min)
         super().__init__(target, last_epoch, **kw)
 

@@ -240,7 +240,7 @@ def gpt(ns: Any, p_drop: float = 0.0, vocab: int = 7, block: int = 4, embd: int 
     """minGPT's model, nearly verbatim (one block): ModuleDict, ModuleList, Embedding, LayerNorm,
     GELU, split, view(-1), transpose, batched @, masked_fill with a tril buffer, dropout, and the
     loss computed in forward(idx, targets)."""
-    tnn, F_, lib = ns.nn, ns.F, ns.lib
+    tnn, fn, lib = ns.nn, ns.F, ns.lib
 
     class CausalSelfAttention(tnn.Module):
         def __init__(self) -> None:
@@ -260,7 +260,7 @@ def gpt(ns: Any, p_drop: float = 0.0, vocab: int = 7, block: int = 4, embd: int 
             v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
             att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-            att = F_.softmax(att, dim=-1)
+            att = fn.softmax(att, dim=-1)
             att = self.attn_dropout(att)
             y = att @ v
             y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -302,7 +302,7 @@ def gpt(ns: Any, p_drop: float = 0.0, vocab: int = 7, block: int = 4, embd: int 
 
         def forward(self, idx: Any, targets: Any = None) -> Any:
             device = lib.device("cpu")
-            b, t = idx.size()
+            _, t = idx.size()
             pos = lib.arange(0, t, dtype=lib.long, device=device).unsqueeze(0)
             tok_emb = self.transformer.wte(idx)
             pos_emb = self.transformer.wpe(pos)
@@ -313,7 +313,7 @@ def gpt(ns: Any, p_drop: float = 0.0, vocab: int = 7, block: int = 4, embd: int 
             logits = self.lm_head(x)
             loss = None
             if targets is not None:
-                loss = F_.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+                loss = fn.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
             return logits, loss
 
     return GPT().to(lib.device("cpu"))
@@ -375,7 +375,7 @@ def test_mingpt_with_dropout_on_gl_like_reference(gl_runtime: Any) -> None:
 def test_loss_contract_errors() -> None:
     with pytest.raises(GlcompError, match='loss="forward" needs target_spec='):
         glcomp.compile(gpt(GLCOMP), {"idx": (2, 4)}, loss="forward", target_name="targets")
-    with pytest.raises(GlcompError, match="loss must be a glcomp.nn loss module"):
+    with pytest.raises(GlcompError, match=r"loss must be a glcomp\.nn loss module"):
         glcomp.compile(mlp(GLCOMP), {"x": (2, 5)}, loss=lambda out: out.sum())
     with pytest.raises(GlcompError, match="integer targets need num_classes"):
         glcomp.compile(
@@ -569,14 +569,21 @@ def test_lr_schedulers_like_torch(name: str, kwargs: dict[str, Any]) -> None:
 # -- 5 and 6. spellings, layers and ops ---------------------------------------------------------------
 def zoo(ns: Any) -> Any:
     """Layers and tensor ops that ported scripts use, in one model."""
-    tnn, F_, lib = ns.nn, ns.F, ns.lib
+    tnn, fn, lib = ns.nn, ns.F, ns.lib
 
     class Zoo(tnn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.layers = tnn.ModuleList([tnn.Linear(6, 12), tnn.Linear(4, 4), tnn.Linear(12, 3)])
-            self.acts = tnn.ModuleDict({"gelu": tnn.GELU(), "tanh_gelu": tnn.GELU(approximate="tanh"),
-                                        "silu": tnn.SiLU(), "elu": tnn.ELU(0.7), "softplus": tnn.Softplus(2.0)})  # fmt: skip
+            self.acts = tnn.ModuleDict(
+                {
+                    "gelu": tnn.GELU(),
+                    "tanh_gelu": tnn.GELU(approximate="tanh"),
+                    "silu": tnn.SiLU(),
+                    "elu": tnn.ELU(0.7),
+                    "softplus": tnn.Softplus(2.0),
+                }
+            )
             self.norm = tnn.LayerNorm(12)
             self.flat = tnn.Flatten()
 
@@ -595,7 +602,7 @@ def zoo(ns: Any) -> Any:
             hb = lib.cat([first.reshape(4, 4), second.reshape(4, 2), h[:, 4:10]], dim=1)
             out = self.layers[2](hb.view(x.size(0), -1))
             return (
-                F_.log_softmax(out, dim=-1)
+                fn.log_softmax(out, dim=-1)
                 + lib.tanh(out).sum(1, keepdim=True) * 0.1
                 + lib.sigmoid(lib.flatten(out)).view(4, 3) * x.numel() / 1000.0
             )

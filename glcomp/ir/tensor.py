@@ -765,7 +765,8 @@ def _batched_matmul(a: Tensor, b: Tensor) -> Tensor:
     a2 = a.unsqueeze(0) if a.ndim == 1 else a
     if a2.shape[-1] != b.shape[-2]:
         raise _fail(
-            f"matmul size mismatch: {a.shape} @ {b.shape} (inner sizes {a2.shape[-1]} and {b.shape[-2]} differ)"
+            f"matmul size mismatch: {a.shape} @ {b.shape} "
+            f"(inner sizes {a2.shape[-1]} and {b.shape[-2]} differ)"
         )
     batch = broadcast_shapes(a2.shape[:-2], b.shape[:-2])
     count = math.prod(batch)

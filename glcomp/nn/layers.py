@@ -597,8 +597,15 @@ class _ClassLoss(_Loss):
 
 
 class CrossEntropyLoss(_ClassLoss):
-    def __init__(self, weight: Any = None, size_average: Any = None, ignore_index: int = -100,
-                 reduce: Any = None, reduction: str = "mean", label_smoothing: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        weight: Any = None,
+        size_average: Any = None,
+        ignore_index: int = -100,
+        reduce: Any = None,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> None:
         super().__init__(weight, size_average, ignore_index, reduce, reduction)
         self.label_smoothing = label_smoothing
 
