@@ -689,3 +689,49 @@ def test_script_spellings() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-6)
     with glcomp.no_grad():
         pass
+
+
+def test_more_tensor_ops_like_torch() -> None:
+    def build(ns: Any) -> Any:
+        tnn, fn = ns.nn, ns.F
+
+        class More(tnn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.fc = tnn.Linear(6, 6)
+                self.acts = tnn.Sequential(tnn.Mish(), tnn.Hardswish(), tnn.ReLU6(), tnn.Hardtanh(-0.5, 2.0))
+                self.unflatten = tnn.Unflatten(1, (2, 3))
+
+            def forward(self, x: Any) -> Any:
+                h = self.fc(x)
+                a, b = self.unflatten(h).unbind(1)  # (4, 3) each
+                r = a.repeat(2, 3)  # (8, 9)
+                v = h.var(1, keepdim=True) + h.std(0, unbiased=False).sum() + h.var()
+                s = (
+                    (h.sign() * h).rsqrt() * 0.1
+                    + fn.normalize(h, dim=1)
+                    + fn.pad(b, (1, 2)).sum(1, keepdim=True)
+                )
+                return self.acts(h * 3) + v + s + r[:4, :6] + r[4:, 3:].tanh()
+
+        return More()
+
+    tmodel, gmodel = pair(build)
+    x = np.random.default_rng(13).normal(size=(4, 6))
+    prog = glcomp.compile(gmodel, {"x": x.shape}, loss=nn.MSELoss())
+    y = np.zeros((4, 6))
+    tout = tmodel(torch.tensor(x))
+    close(prog.runtime("reference").predict(x=x), tout, "output")
+    torch.nn.functional.mse_loss(tout, torch.tensor(y)).backward()
+    check_grads(prog.runtime("reference"), tmodel, {"x": x, "y": y})
+
+
+def test_lambda_scheduler_and_dropout1d() -> None:
+    rt = glcomp.compile(mlp(GLCOMP), {"x": (2, 5)}, loss=F.cross_entropy, optimizer=optim.SGD(lr=0.2))
+    rt = rt.runtime("reference")
+    sched = lr_scheduler.LambdaLR(rt, lambda epoch: 1.0 / (epoch + 1))
+    for epoch in range(4):
+        assert rt.lr == pytest.approx(0.2 / (epoch + 1))
+        sched.step()
+    mask = mask_of((40, 30, 5), 0.5, kind="dropout1d")
+    assert np.all(mask == mask[..., :1]) and 0.4 < (mask[..., 0] != 0).mean() < 0.6
