@@ -735,3 +735,34 @@ def test_lambda_scheduler_and_dropout1d() -> None:
         sched.step()
     mask = mask_of((40, 30, 5), 0.5, kind="dropout1d")
     assert np.all(mask == mask[..., :1]) and 0.4 < (mask[..., 0] != 0).mean() < 0.6
+
+
+def test_attention_and_none_indexing_like_torch() -> None:
+    def build(ns: Any) -> Any:
+        tnn, fn = ns.nn, ns.F
+
+        class Attention(tnn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.qkv = tnn.Linear(4, 12)
+
+            def forward(self, x: Any, mask: Any) -> Any:
+                q, k, v = self.qkv(x).view(2, 3, 3, 4).transpose(1, 2).unbind(1)  # (2, 3, 4) each
+                causal = fn.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=True)
+                masked = fn.scaled_dot_product_attention(q, k, v, attn_mask=mask[None], scale=0.3)
+                return causal[:, 0] + masked * x[..., :1]
+
+        return Attention()
+
+    tmodel, gmodel = pair(build)
+    rng = np.random.default_rng(14)
+    x, mask = rng.normal(size=(2, 3, 4)), rng.normal(size=(3, 3))
+    mask[0, 2] = -np.inf
+    prog = glcomp.compile(gmodel, {"x": x.shape, "mask": mask.shape}, loss=nn.MSELoss())
+    tout = tmodel(torch.tensor(x), torch.tensor(mask))
+    close(prog.runtime("reference").predict(x=x, mask=np.nan_to_num(mask, neginf=-1e30)), tout, "output")
+    y = rng.normal(size=(2, 3, 4))
+    torch.nn.functional.mse_loss(tout, torch.tensor(y)).backward()
+    check_grads(
+        prog.runtime("reference"), tmodel, {"x": x, "mask": np.nan_to_num(mask, neginf=-1e30), "y": y}
+    )

@@ -710,21 +710,26 @@ def slice_axis(t: Tensor, axis: int, start: int, stop: int) -> Tensor:
 
 
 def getitem(t: Tensor, index: Any) -> Tensor:
-    """Basic indexing with ints, slices (step 1) and Ellipsis, lowered to slice + reshape."""
+    """Basic indexing with ints, slices (step 1), Ellipsis and None (a new axis of size 1),
+    lowered to slice + reshape."""
     if not isinstance(index, tuple):
         index = (index,)
     if index.count(Ellipsis) > 1:
         raise _fail("only one Ellipsis is allowed in an index")
+    real = sum(1 for ix in index if ix is not None and ix is not Ellipsis)
     if Ellipsis in index:
         i = index.index(Ellipsis)
-        fill = t.ndim - (len(index) - 1)
-        index = index[:i] + (slice(None),) * fill + index[i + 1 :]
-    if len(index) > t.ndim:
-        raise _fail(f"too many indices ({len(index)}) for a tensor of shape {t.shape}")
+        index = index[:i] + (slice(None),) * (t.ndim - real) + index[i + 1 :]
+    if real > t.ndim:
+        raise _fail(f"too many indices ({real}) for a tensor of shape {t.shape}")
     out_shape: list[int] = []
-    for axis, ix in enumerate(index):
+    axis = 0
+    for ix in index:
+        if ix is None:
+            out_shape.append(1)
+            continue
         size = t.shape[axis]
-        if isinstance(ix, int):
+        if isinstance(ix, int) and not isinstance(ix, bool):
             if not -size <= ix < size:
                 raise _fail(f"index {ix} out of range for dimension {axis} of size {size}")
             ix %= size
@@ -736,8 +741,9 @@ def getitem(t: Tensor, index: Any) -> Tensor:
             t = slice_axis(t, axis, start, max(start, stop))
             out_shape.append(max(0, stop - start))
         else:
-            raise _fail(f"unsupported index {ix!r}; use ints and slices")
-    out_shape += list(t.shape[len(index) :])
+            raise _fail(f"unsupported index {ix!r}; use ints, slices, ... and None")
+        axis += 1
+    out_shape += list(t.shape[axis:])
     return reshape(t, tuple(out_shape))
 
 

@@ -340,6 +340,37 @@ def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Te
     return x / maximum(norm, eps)
 
 
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
+    """torch's softmax(q k^T * scale + mask) v over the last two dims (batched matmuls).
+    `attn_mask` is added to the scores (torch's float-mask form: glcomp tensors are float, so a
+    boolean keep-mask must be given as 0 / -inf, or use `is_causal`). As in torch, `dropout_p`
+    applies whenever it is positive: pass ``dropout_p=p if self.training else 0.0``."""
+    from glcomp.ir.tensor import arange, le
+
+    length, source = query.shape[-2], key.shape[-2]
+    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    att = (query @ key.transpose(-2, -1)) * s
+    if is_causal:
+        rows = reshape(arange(query.graph, length), (length, 1))
+        cols = reshape(arange(query.graph, source), (1, source))
+        keep = broadcast_to(le(cols - rows, 0.0), att.shape)
+        att = where(keep, att, -math.inf)
+    if attn_mask is not None:
+        att = att + attn_mask
+    att = softmax(att, -1)
+    if dropout_p > 0:
+        att = dropout(att, dropout_p, True)
+    return att @ value
+
+
 # -- lookups ---------------------------------------------------------------------------------------
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
     """Rows of `weight` (V, D) picked by integer ids (any shape, fed as numbers): one_hot(ids) @
@@ -523,6 +554,7 @@ __all__ = [
     "rand",
     "relu",
     "relu6",
+    "scaled_dot_product_attention",
     "sigmoid",
     "silu",
     "smooth_l1_loss",
