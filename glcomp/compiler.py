@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -11,6 +13,7 @@ from glcomp.ir.graph import Graph, origin
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, maximum
 from glcomp.ir.trace import is_counter, set_outputs, trace_module
+from glcomp.nn.functional import RNG_STEP
 from glcomp.nn.module import _TRACE, Module
 from glcomp.optim import Optimizer
 from glcomp.program import InputSpec, Program
@@ -21,11 +24,12 @@ TARGETS = ("webgl2", "webgl1")
 def compile(  # noqa: A001 - the public name mirrors torch.compile
     model: Module,
     inputs: dict[str, Any],
-    loss: Module | None = None,
+    loss: Module | Callable[..., Any] | str | None = None,
     optimizer: Optimizer | None = None,
     *,
     target: str = "webgl2",
     target_name: str = "y",
+    target_spec: Any = None,
     clip_grad_value: float | None = None,
     clip_grad_norm: float | None = None,
     **options: Any,
@@ -35,6 +39,16 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     Without `loss` only `predict` exists. With `loss`, `gradients` (loss and parameter
     gradients, train mode, no update) exists too, and with `optimizer` also `train_step`
     (loss, then new parameters, optimizer state and running statistics), all as graphs.
+
+    `loss` is a loss module (``nn.CrossEntropyLoss()``), a function of (output, target) such as
+    ``F.cross_entropy`` or your own, or ``"forward"``: then forward() takes the target as its
+    argument named `target_name` and returns the loss itself, alone or in a tuple (the one 0-d
+    tensor in it, else the last element), as minGPT's ``forward(idx, targets)`` does; predict
+    calls forward without the target, and None entries of its result are dropped. When forward
+    returns a tuple and the loss is separate, the loss applies to the first element.
+    The target's shape and dtype come from the loss (class labels for cross_entropy/nll_loss,
+    else a float tensor shaped like the output) unless `target_spec` gives them: a shape (float
+    target) or ``{"shape": ..., "dtype": "int32", "num_classes": C}`` (required for "forward").
     `clip_grad_value` clamps each gradient element to [-v, v] and `clip_grad_norm` rescales
     all gradients so their global L2 norm is at most the value (torch's clip_grad_norm_), both
     inside the train step. Extra `options` are kept for the code generator: target limits
@@ -44,9 +58,10 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     _check_arguments(model, inputs, loss, optimizer, target, target_name, clip_grad_value, clip_grad_norm)
     _check_options(options)
     graphs: dict[str, Graph] = {}
+    in_forward = _is_forward(loss)
 
     predict, _, result = trace_module(model, inputs, training=False)
-    set_outputs(predict, result, type(model).__name__)
+    set_outputs(predict, _without_none(result), type(model).__name__)
     graphs["predict"] = _finish(predict)
     data = {n: InputSpec(n, predict.shape(predict.inputs[n])) for n in inputs}
     params = {k: p.data.copy() for k, p in model.named_parameters()}
@@ -55,28 +70,45 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     trainable = _trainable(model, optimizer)
     program = Program(graphs, data, None, params, trainable, buffers, counters, {}, 0.0, dict(options))
     program.options["target"] = target
+    if RNG_STEP in predict.inputs:  # random ops in eval mode (F.dropout's default training=True)
+        program.opt_state[RNG_STEP] = np.zeros((), np.float32)
     if loss is None:
         if optimizer is not None:
             raise GlcompError("an optimizer needs a loss: pass loss=nn.CrossEntropyLoss() or similar")
         return program
 
-    graph, state, result = trace_module(model, inputs, training=True)
-    if not isinstance(result, Tensor):
-        raise GlcompError(f"({type(model).__name__}): a loss needs forward() to return one tensor")
-    spec = loss.target_spec(result.shape)
     if target_name in inputs:
         raise GlcompError(f"target name {target_name!r} is also a model input; pass target_name=")
-    program.target = InputSpec(target_name, tuple(spec["shape"]), spec["dtype"], spec.get("num_classes"))
-    y = Tensor(graph, graph.add_input(target_name, program.target.shape, "target", spec["dtype"]))
-    token = _TRACE.set(state)  # a loss module is called like any module
-    try:
-        state.paths.setdefault(id(loss), "loss")
-        value = loss(result, y)
-    finally:
-        _TRACE.reset(token)
+    owner = type(model).__name__
+    if in_forward:
+        if target_spec is None:
+            raise GlcompError(
+                'loss="forward" needs target_spec=, the shape (and dtype) of the target forward() '
+                'takes, e.g. target_spec={"shape": (8, 16), "dtype": "int32", "num_classes": 65}'
+            )
+        spec = _given_spec(target_spec)
+        program.target = _target_input(target_name, spec)
+        targets = {target_name: (program.target.shape, program.target.dtype)}
+        graph, state, result = trace_module(model, inputs, training=True, targets=targets)
+        value = _loss_in_result(result, owner)
+    else:
+        graph, state, result = trace_module(model, inputs, training=True)
+        output = _first_tensor(result, owner)
+        spec = _given_spec(target_spec) if target_spec is not None else _loss_spec(loss, output.shape)
+        program.target = _target_input(target_name, spec)
+        y = Tensor(graph, graph.add_input(target_name, program.target.shape, "target", program.target.dtype))
+        token = _TRACE.set(state)  # a loss module is called like any module
+        try:
+            state.paths.setdefault(id(loss), "loss")
+            with origin(f"loss ({_loss_name(loss)})"):
+                value = loss(output, y)
+        finally:
+            _TRACE.reset(token)
     if not isinstance(value, Tensor) or value.shape != ():
-        raise GlcompError(f"loss ({type(loss).__name__}) must return a scalar; use reduction='mean'")
+        raise GlcompError(f"loss ({_loss_name(loss)}) must return a scalar; use reduction='mean'")
     graph.outputs["loss"] = value.node
+    if RNG_STEP in graph.inputs:
+        program.opt_state[RNG_STEP] = np.zeros((), np.float32)
     if not trainable:
         raise GlcompError("no parameter has requires_grad=True: nothing to train")
     grads = autodiff(graph, "loss", trainable)
@@ -89,6 +121,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     _clip(train, trainable, clip_grad_value, clip_grad_norm)
     for name, tensor in state.buffer_updates.items():
         train.outputs[f"buffer:{name}"] = tensor.node
+    if RNG_STEP in train.inputs:  # random ops draw new numbers in each train step
+        train.outputs[f"state:{RNG_STEP}"] = (Tensor(train, train.inputs[RNG_STEP]) + 1.0).node
     with origin(f"optimizer ({type(optimizer).__name__})"):
         lr = Tensor(train, train.add_input("lr", (), "hyper"))
         scalars = {}
@@ -151,8 +185,13 @@ def _check_arguments(
             raise GlcompError(
                 f"inputs[{name!r}] must be a shape (a tuple of ints, batch first), got {shape!r}"
             )
+    if loss is not None and not isinstance(loss, type) and not _is_forward(loss) and not _takes_two(loss):
+        raise GlcompError(
+            "loss must be a glcomp.nn loss module such as nn.CrossEntropyLoss(), a function of "
+            f'(output, target) or "forward" (forward() computes the loss), got {_what(loss)} {loss!r:.60}'
+        )
     for what, value, base, example in (
-        ("loss", loss, _Loss, "nn.CrossEntropyLoss()"),
+        ("loss", loss if isinstance(loss, type) else None, _Loss, "nn.CrossEntropyLoss()"),
         ("optimizer", optimizer, Optimizer, "optim.Adam(lr=1e-3)"),
     ):
         if value is None:
@@ -218,6 +257,107 @@ def _clip(graph: Graph, names: list[str], value: float | None, norm: float | Non
             grads = {k: g * coef for k, g in grads.items()}
         for k, g in grads.items():
             graph.outputs[k] = g.node
+
+
+def _is_forward(loss: Any) -> bool:
+    return isinstance(loss, str) and loss == "forward"
+
+
+def _takes_two(loss: Any) -> bool:
+    """Whether `loss` can be called as loss(output, target)."""
+    if isinstance(loss, str) or not callable(loss):
+        return False
+    fn = loss.forward if isinstance(loss, Module) else loss
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        return False
+    except ValueError:  # builtins without a signature
+        return True
+    return True
+
+
+def _without_none(result: Any) -> Any:
+    """forward()'s result without None entries (minGPT returns (logits, None) without targets)."""
+    if isinstance(result, tuple | list):
+        kept = [r for r in result if r is not None]
+        return kept[0] if len(kept) == 1 else tuple(kept)
+    return result
+
+
+def _first_tensor(result: Any, owner: str) -> Tensor:
+    """The tensor a separate loss applies to: the result, or the first element of a tuple."""
+    if isinstance(result, tuple | list) and result:
+        result = result[0]
+    if not isinstance(result, Tensor):
+        raise GlcompError(
+            f"({owner}): a loss needs forward() to return a tensor (or a tuple whose first element "
+            f"is the one the loss takes), got {type(result).__name__}"
+        )
+    return result
+
+
+def _loss_in_result(result: Any, owner: str) -> Any:
+    """With loss="forward": the 0-d tensor forward() returned, alone or in a tuple."""
+    if isinstance(result, Tensor):
+        return result
+    if isinstance(result, tuple | list) and result:
+        scalars = [r for r in result if isinstance(r, Tensor) and r.shape == ()]
+        if len(scalars) == 1:
+            return scalars[0]
+        return result[-1]
+    raise GlcompError(
+        f'({owner}): with loss="forward", forward() must return the loss (a 0-d tensor), alone or '
+        f"as in (output, loss); got {type(result).__name__}"
+    )
+
+
+def _loss_name(loss: Any) -> str:
+    if isinstance(loss, str):
+        return "forward"
+    return getattr(loss, "__name__", None) or type(loss).__name__
+
+
+_CLASS_LOSSES = ("cross_entropy", "nll_loss")
+
+
+def _loss_spec(loss: Any, output_shape: tuple[int, ...]) -> dict[str, Any]:
+    """The target a loss takes: its own `target_spec`, class labels for the class losses of
+    glcomp.nn.functional, else a float tensor shaped like the output."""
+    from glcomp.nn import functional
+
+    spec = getattr(loss, "target_spec", None)
+    if callable(spec):
+        return spec(output_shape)
+    if getattr(functional, getattr(loss, "__name__", ""), None) is loss and loss.__name__ in _CLASS_LOSSES:
+        if len(output_shape) != 2:
+            raise GlcompError(f"{loss.__name__} expects model output (N, C), got {output_shape}")
+        return {"shape": output_shape[:1], "dtype": "int32", "num_classes": output_shape[1]}
+    return {"shape": output_shape, "dtype": "float32"}
+
+
+def _given_spec(spec: Any) -> dict[str, Any]:
+    if isinstance(spec, tuple | list):
+        spec = {"shape": tuple(spec)}
+    if not isinstance(spec, dict) or "shape" not in spec:
+        raise GlcompError(f"target_spec must be a shape or a dict with 'shape', got {spec!r}")
+    unknown = set(spec) - {"shape", "dtype", "num_classes"}
+    if unknown:
+        raise GlcompError(f"target_spec: unknown keys {sorted(unknown)} (shape, dtype, num_classes)")
+    out = {"shape": tuple(int(d) for d in spec["shape"]), "dtype": spec.get("dtype", "float32")}
+    if out["dtype"] not in ("float32", "int32"):
+        raise GlcompError(f"target_spec: dtype must be 'float32' or 'int32', got {out['dtype']!r}")
+    if out["dtype"] == "int32":
+        if not isinstance(spec.get("num_classes"), int) or spec["num_classes"] < 1:
+            raise GlcompError(
+                "target_spec: integer targets need num_classes (labels lie in [0, num_classes))"
+            )
+        out["num_classes"] = spec["num_classes"]
+    return out
+
+
+def _target_input(name: str, spec: dict[str, Any]) -> InputSpec:
+    return InputSpec(name, tuple(spec["shape"]), spec["dtype"], spec.get("num_classes"))
 
 
 def _trainable(model: Module, optimizer: Optimizer | None) -> list[str]:

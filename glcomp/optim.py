@@ -147,4 +147,150 @@ class Adam(Optimizer):
         return p - (lr / bc1) * m / denom, {"exp_avg": m, "exp_avg_sq": v}
 
 
-__all__ = ["SGD", "Adam", "Optimizer"]
+class AdamW(Adam):
+    """torch.optim.AdamW: decoupled weight decay ``p *= 1 - lr * weight_decay`` before the Adam
+    step (default weight_decay 0.01)."""
+
+    def __init__(
+        self,
+        params: Any = None,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
+        super().__init__(params, lr, betas, eps, 0.0)
+        if not isinstance(weight_decay, int | float) or weight_decay < 0:
+            raise GlcompError(f"AdamW: weight_decay must be a number >= 0, got {weight_decay!r}")
+        self.decoupled = float(weight_decay)
+
+    def update(self, p, g, state, lr, shared):
+        if self.decoupled:
+            p = p * (1.0 - lr * self.decoupled)
+        return super().update(p, g, state, lr, shared)
+
+
+def _nonneg(owner: str, **values: Any) -> None:
+    for name, v in values.items():
+        if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
+            raise GlcompError(f"{owner}: {name} must be a number >= 0, got {v!r}")
+
+
+class RMSprop(Optimizer):
+    """torch.optim.RMSprop: square_avg = alpha sa + (1 - alpha) g^2, avg = sqrt(sa (- grad_avg^2
+    when centered)) + eps, then p -= lr g / avg, or through a momentum buffer."""
+
+    def __init__(
+        self,
+        params: Any = None,
+        lr: float = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        centered: bool = False,
+    ) -> None:
+        super().__init__(params, lr)
+        _nonneg("RMSprop", alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum)
+        self.alpha, self.eps, self.weight_decay = alpha, eps, weight_decay
+        self.momentum, self.centered = momentum, centered
+
+    def slots(self) -> tuple[str, ...]:
+        return (
+            ("square_avg",)
+            + (("momentum_buffer",) if self.momentum else ())
+            + (("grad_avg",) if self.centered else ())
+        )
+
+    def update(self, p, g, state, lr, shared):
+        if self.weight_decay:
+            g = g + p * self.weight_decay
+        sq = state["square_avg"] * self.alpha + g * g * (1 - self.alpha)
+        new = {"square_avg": sq}
+        if self.centered:
+            ga = state["grad_avg"] + (g - state["grad_avg"]) * (1 - self.alpha)
+            new["grad_avg"] = ga
+            avg = (sq - ga * ga).sqrt() + self.eps
+        else:
+            avg = sq.sqrt() + self.eps
+        if self.momentum:
+            buf = state["momentum_buffer"] * self.momentum + g / avg
+            new["momentum_buffer"] = buf
+            return p - lr * buf, new
+        return p - lr * (g / avg), new
+
+
+class Adagrad(Optimizer):
+    """torch.optim.Adagrad: sum += g^2; p -= lr / (1 + (t - 1) lr_decay) * g / (sqrt(sum) + eps).
+    The stored ``sum`` slot leaves out `initial_accumulator_value` (slots start at zero)."""
+
+    def __init__(
+        self,
+        params: Any = None,
+        lr: float = 1e-2,
+        lr_decay: float = 0.0,
+        weight_decay: float = 0.0,
+        initial_accumulator_value: float = 0.0,
+        eps: float = 1e-10,
+    ) -> None:
+        super().__init__(params, lr)
+        _nonneg("Adagrad", lr_decay=lr_decay, weight_decay=weight_decay, eps=eps,
+                initial_accumulator_value=initial_accumulator_value)  # fmt: skip
+        self.lr_decay, self.weight_decay, self.eps = lr_decay, weight_decay, eps
+        self.initial = initial_accumulator_value
+
+    def slots(self) -> tuple[str, ...]:
+        return ("sum",)
+
+    def scalars(self) -> dict[str, float]:
+        return {"step": 0.0}
+
+    def advance(self, scalars: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {"step": scalars["step"] + 1.0}
+
+    def update(self, p, g, state, lr, shared):
+        if self.weight_decay:
+            g = g + p * self.weight_decay
+        total = state["sum"] + g * g
+        clr = lr / ((shared["step"] - 1.0) * self.lr_decay + 1.0) if self.lr_decay else lr
+        std = ((total + self.initial) if self.initial else total).sqrt() + self.eps
+        return p - clr * (g / std), {"sum": total}
+
+
+class Adadelta(Optimizer):
+    """torch.optim.Adadelta: square_avg = rho sa + (1 - rho) g^2; delta = sqrt(acc_delta + eps)
+    / sqrt(sa + eps) * g; acc_delta = rho ad + (1 - rho) delta^2; p -= lr * delta."""
+
+    def __init__(
+        self,
+        params: Any = None,
+        lr: float = 1.0,
+        rho: float = 0.9,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(params, lr)
+        _nonneg("Adadelta", rho=rho, eps=eps, weight_decay=weight_decay)
+        if rho > 1:
+            raise GlcompError(f"Adadelta: rho must be in [0, 1], got {rho}")
+        self.rho, self.eps, self.weight_decay = rho, eps, weight_decay
+
+    def slots(self) -> tuple[str, ...]:
+        return ("square_avg", "acc_delta")
+
+    def update(self, p, g, state, lr, shared):
+        if self.weight_decay:
+            g = g + p * self.weight_decay
+        sq = state["square_avg"] * self.rho + g * g * (1 - self.rho)
+        delta = (state["acc_delta"] + self.eps).sqrt() / (sq + self.eps).sqrt() * g
+        acc = state["acc_delta"] * self.rho + delta * delta * (1 - self.rho)
+        return p - lr * delta, {"square_avg": sq, "acc_delta": acc}
+
+
+__all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Optimizer", "RMSprop", "lr_scheduler"]
+
+import sys  # noqa: E402
+
+from glcomp import lr_scheduler  # noqa: E402  (glcomp.optim.lr_scheduler, as torch.optim.lr_scheduler)
+
+sys.modules[f"{__name__}.lr_scheduler"] = lr_scheduler

@@ -131,6 +131,26 @@ def o_one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return out
 
 
+def o_hash_uniform(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The counter hash in Python integers: absorb floor(b), floor(a), then the element index,
+    each word added modulo 2^24 and followed by three rounds of h(2h+1), an odd multiplier and
+    adding the high 12 bits to the low 12."""
+
+    def mix(h: int) -> int:
+        for c in (0x9E3779, 0x85EBCB, 0xC2B2AF):
+            h = h * (2 * h + 1) % 2**24
+            h = h * c % 2**24
+            h = (h // 4096) * 4096 + (h % 4096 + h // 4096) % 4096
+        return h
+
+    out = np.zeros(a.shape)
+    for i in range(a.shape[0]):
+        h = mix(math.floor(b[i]) % 2**24)
+        h = mix((h + math.floor(a[i]) % 2**24) % 2**24)
+        out[i] = mix((h + i) % 2**24) / 2**24
+    return out
+
+
 def out_len(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
@@ -224,6 +244,8 @@ def o_avg_pool2d_grad(g: np.ndarray, kernel: Any, stride: Any, padding: Any, inp
 
 
 ORACLES: dict[str, Callable[..., np.ndarray]] = {
+    "hash_uniform": o_hash_uniform,
+    "erf": per_element(math.erf),
     "neg": per_element(lambda a: -a),
     "exp": per_element(math.exp),
     "log": per_element(math.log),

@@ -145,16 +145,11 @@ class Tensor:
     def __matmul__(self, o: Tensor) -> Tensor:
         return matmul(self, o)
 
-    def __pow__(self, p: Scalar) -> Tensor:
-        if p == 2:
-            return self * self
-        if p == 0.5:
-            return self.sqrt()
-        if p == 1:
-            return self
-        if p == -1:
-            return 1.0 / self
-        raise GlcompError(f"{current_origin()}: only powers 2, 0.5, 1 and -1 are supported, got {p}")
+    def __pow__(self, p: Any) -> Tensor:
+        return pow(self, p)
+
+    def __rpow__(self, base: Any) -> Tensor:
+        return pow(base, self)
 
     # -- unary functions ----------------------------------------------------------------------
     def exp(self) -> Tensor:
@@ -180,6 +175,87 @@ class Tensor:
 
     def abs(self) -> Tensor:
         return maximum(self, -self)
+
+    def erf(self) -> Tensor:
+        return unary("erf", self)
+
+    def neg(self) -> Tensor:
+        return unary("neg", self)
+
+    def square(self) -> Tensor:
+        return self * self
+
+    def rsqrt(self) -> Tensor:
+        return 1.0 / self.sqrt()
+
+    def reciprocal(self) -> Tensor:
+        return 1.0 / self
+
+    def sign(self) -> Tensor:
+        """-1, 0 or 1 (no gradient), as torch.sign."""
+        return (unary("step", self) - unary("step", -self)).detach()
+
+    def pow(self, p: Any) -> Tensor:
+        return pow(self, p)
+
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:
+        """torch.clamp: bounds are scalars or tensors; NaN stays NaN. At a bound the gradient
+        goes to the tensor being clamped, as in torch."""
+        return clamp(self, min, max)
+
+    clip = clamp
+
+    def masked_fill(self, mask: Any, value: Any) -> Tensor:
+        """`value` where `mask` is non-zero, else self (torch.Tensor.masked_fill)."""
+        return where(mask, value, self)
+
+    def softmax(self, dim: int) -> Tensor:
+        from glcomp.nn.functional import softmax
+
+        return softmax(self, dim)
+
+    def log_softmax(self, dim: int) -> Tensor:
+        from glcomp.nn.functional import log_softmax
+
+        return log_softmax(self, dim)
+
+    def var(
+        self, dim: Any = None, unbiased: bool = True, keepdim: bool = False, *, correction: Any = None
+    ) -> Tensor:
+        """Variance over `dim`, with Bessel's correction unless ``unbiased=False`` / ``correction=0``."""
+        axes = _axes(dim, self.ndim)
+        n = math.prod(self.shape[a] for a in axes)
+        c = (1 if unbiased else 0) if correction is None else correction
+        d = self - self.mean(axes, keepdim=True)
+        return (d * d).sum(axes, keepdim) * (1.0 / max(n - c, 0) if n - c > 0 else math.inf)
+
+    def std(
+        self, dim: Any = None, unbiased: bool = True, keepdim: bool = False, *, correction: Any = None
+    ) -> Tensor:
+        return self.var(dim, unbiased, keepdim, correction=correction).sqrt()
+
+    # -- spellings of device and dtype handling in torch scripts: no-ops on traced tensors --------
+    def contiguous(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self
+
+    def cuda(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self
+
+    def cpu(self) -> Tensor:
+        return self
+
+    def float(self) -> Tensor:
+        return self
+
+    def long(self) -> Tensor:
+        """Integer ids are float32 on the GPU (exact below 2^24): the tensor itself."""
+        return self
+
+    def type_as(self, other: Any) -> Tensor:
+        return self
 
     def isnan(self) -> Tensor:
         return isnan(self)
@@ -283,6 +359,45 @@ class Tensor:
     def expand(self, *shape: Any) -> Tensor:
         shape = tuple(s if s != -1 else o for s, o in zip(_shape_arg(shape), self.shape, strict=False))
         return broadcast_to(self, shape)
+
+    def view_as(self, other: Tensor) -> Tensor:
+        return reshape(self, other.shape)
+
+    reshape_as = view_as
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return broadcast_to(self, other.shape)
+
+    def repeat(self, *sizes: Any) -> Tensor:
+        """torch.Tensor.repeat: tile the tensor `sizes` times along each dimension."""
+        sizes = _shape_arg(sizes)
+        if len(sizes) < self.ndim:
+            raise _fail(f"repeat: {len(sizes)} sizes for a tensor of rank {self.ndim}")
+        t = reshape(self, (1,) * (len(sizes) - self.ndim) + self.shape)
+        inter = tuple(x for r, s in zip(sizes, t.shape, strict=True) for x in (r, s))
+        t = reshape(t, tuple(x for s in t.shape for x in (1, s)))
+        t = broadcast_to(t, inter)
+        return reshape(t, tuple(r * s for r, s in zip(sizes, t.shape[1::2], strict=True)))
+
+    def split(self, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]:
+        """torch.split: pieces of `split_size` along `dim` (the last may be smaller), or the
+        sizes in a list."""
+        return split(self, split_size, dim)
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+        """torch.chunk: `chunks` pieces of ceil(size / chunks) along `dim` (fewer if they run out)."""
+        axis = _axis(dim, self.ndim)
+        size = -(-self.shape[axis] // int(chunks))
+        return split(self, max(size, 1), axis)
+
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+        axis = _axis(dim, self.ndim)
+        return tuple(getitem(self, (slice(None),) * axis + (i,)) for i in range(self.shape[axis]))
+
+    def matmul(self, other: Tensor) -> Tensor:
+        return matmul(self, other)
+
+    bmm = matmul
 
     def __getitem__(self, index: Any) -> Tensor:
         return getitem(self, index)
@@ -553,7 +668,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if a.ndim < 1 or b.ndim < 1:
         raise _fail(f"matmul of shapes {a.shape} and {b.shape}: operands must have rank >= 1")
     if b.ndim > 2:
-        raise _fail(f"matmul with a right operand of rank {b.ndim} ({b.shape}) is not supported")
+        return _batched_matmul(a, b)
     a2 = a.unsqueeze(0) if a.ndim == 1 else a
     b2 = b.unsqueeze(1) if b.ndim == 1 else b
     if a2.shape[-1] != b2.shape[0]:
@@ -595,21 +710,26 @@ def slice_axis(t: Tensor, axis: int, start: int, stop: int) -> Tensor:
 
 
 def getitem(t: Tensor, index: Any) -> Tensor:
-    """Basic indexing with ints, slices (step 1) and Ellipsis, lowered to slice + reshape."""
+    """Basic indexing with ints, slices (step 1), Ellipsis and None (a new axis of size 1),
+    lowered to slice + reshape."""
     if not isinstance(index, tuple):
         index = (index,)
     if index.count(Ellipsis) > 1:
         raise _fail("only one Ellipsis is allowed in an index")
+    real = sum(1 for ix in index if ix is not None and ix is not Ellipsis)
     if Ellipsis in index:
         i = index.index(Ellipsis)
-        fill = t.ndim - (len(index) - 1)
-        index = index[:i] + (slice(None),) * fill + index[i + 1 :]
-    if len(index) > t.ndim:
-        raise _fail(f"too many indices ({len(index)}) for a tensor of shape {t.shape}")
+        index = index[:i] + (slice(None),) * (t.ndim - real) + index[i + 1 :]
+    if real > t.ndim:
+        raise _fail(f"too many indices ({real}) for a tensor of shape {t.shape}")
     out_shape: list[int] = []
-    for axis, ix in enumerate(index):
+    axis = 0
+    for ix in index:
+        if ix is None:
+            out_shape.append(1)
+            continue
         size = t.shape[axis]
-        if isinstance(ix, int):
+        if isinstance(ix, int) and not isinstance(ix, bool):
             if not -size <= ix < size:
                 raise _fail(f"index {ix} out of range for dimension {axis} of size {size}")
             ix %= size
@@ -621,8 +741,9 @@ def getitem(t: Tensor, index: Any) -> Tensor:
             t = slice_axis(t, axis, start, max(start, stop))
             out_shape.append(max(0, stop - start))
         else:
-            raise _fail(f"unsupported index {ix!r}; use ints and slices")
-    out_shape += list(t.shape[len(index) :])
+            raise _fail(f"unsupported index {ix!r}; use ints, slices, ... and None")
+        axis += 1
+    out_shape += list(t.shape[axis:])
     return reshape(t, tuple(out_shape))
 
 
@@ -642,3 +763,81 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
 def one_hot(labels: Tensor, num_classes: int) -> Tensor:
     return prim("one_hot", labels, num_classes=int(num_classes))
+
+
+def _batched_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """torch.matmul with a batched right operand: batch dims broadcast, one 2-D product per
+    batch element (the matmul primitive is two-dimensional), stacked back together."""
+    a2 = a.unsqueeze(0) if a.ndim == 1 else a
+    if a2.shape[-1] != b.shape[-2]:
+        raise _fail(
+            f"matmul size mismatch: {a.shape} @ {b.shape} "
+            f"(inner sizes {a2.shape[-1]} and {b.shape[-2]} differ)"
+        )
+    batch = broadcast_shapes(a2.shape[:-2], b.shape[:-2])
+    count = math.prod(batch)
+    lhs = reshape(broadcast_to(a2, batch + a2.shape[-2:]), (count,) + a2.shape[-2:])
+    rhs = reshape(broadcast_to(b, batch + b.shape[-2:]), (count,) + b.shape[-2:])
+    out = stack([matmul(getitem(lhs, i), getitem(rhs, i)) for i in range(count)], 0)
+    out = reshape(out, batch + out.shape[1:])
+    return out.squeeze(-2) if a.ndim == 1 else out
+
+
+def pow(base: Any, exponent: Any) -> Tensor:  # noqa: A001 - torch's name
+    """torch.pow. A scalar integer exponent is repeated multiplication (negative bases work);
+    0.5 is sqrt; other scalar exponents are exp(p * log(x)) (NaN for negative bases, as torch);
+    a tensor exponent is exp(exponent * log(base))."""
+    if isinstance(base, Tensor) and not isinstance(exponent, Tensor):
+        p = _scalar(exponent)
+        if p == 0.5:
+            return base.sqrt()
+        if p == int(p) and abs(p) <= 64:
+            n, result, square = abs(int(p)), None, base
+            if n == 0:
+                return ones_like(base)
+            while n:
+                if n & 1:
+                    result = square if result is None else result * square
+                n >>= 1
+                if n:
+                    square = square * square
+            return 1.0 / result if p < 0 else result
+        return (base.log() * p).exp()
+    if isinstance(exponent, Tensor):
+        if isinstance(base, Tensor):
+            return (base.log() * exponent).exp()
+        b = _scalar(base)
+        if b <= 0:
+            raise _fail(f"pow with a scalar base {b} <= 0 and a tensor exponent is not supported")
+        return (exponent * math.log(b)).exp()
+    raise _fail("pow needs a tensor operand")
+
+
+def clamp(t: Tensor, lo: Any = None, hi: Any = None) -> Tensor:
+    """torch.clamp(t, min, max): where(t < lo, lo, t), then where(t > hi, hi, t)."""
+    if lo is None and hi is None:
+        raise _fail("clamp needs min or max")
+    out = t
+    if lo is not None:
+        out = where(lt(out, lo), lo, out)
+    if hi is not None:
+        out = where(gt(out, hi), hi, out)
+    return out
+
+
+def split(t: Tensor, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    axis = _axis(dim, t.ndim)
+    size = t.shape[axis]
+    if isinstance(split_size, int):
+        if split_size < 1:
+            raise _fail(f"split size must be positive, got {split_size}")
+        sizes = [min(split_size, size - s) for s in range(0, size, split_size)]
+    else:
+        sizes = [int(s) for s in split_size]
+        if sum(sizes) != size:
+            raise _fail(f"split sizes {sizes} do not add up to {size} (dimension {axis} of {t.shape})")
+    out, at = [], 0
+    for n in sizes:
+        out.append(slice_axis(t, axis, at, at + n))
+        at += n
+    return tuple(out)

@@ -46,17 +46,21 @@ def _shape(name: str, value: Any) -> tuple[int, ...]:
 
 
 def trace_module(
-    model: Module, input_shapes: dict[str, Any], training: bool = False
+    model: Module,
+    input_shapes: dict[str, Any],
+    training: bool = False,
+    targets: dict[str, tuple[tuple[int, ...], str]] | None = None,
 ) -> tuple[Graph, TraceState, Any]:
     """Trace `model.forward` in train or eval mode.
 
     Returns the graph (inputs: data inputs, every float parameter as role ``param`` and every
     float buffer as role ``buffer``), the trace state (with any running-statistics updates) and
-    the forward's raw result (Tensors in the graph).
+    the forward's raw result (Tensors in the graph). `targets` (name -> (shape, dtype)) are
+    further forward() arguments bound to inputs of role ``target`` (a loss computed in forward).
     """
     if not isinstance(model, Module):
         raise GlcompError(f"expected a glcomp.nn.Module, got {type(model).__name__}")
-    check_input_names(model, input_shapes)
+    check_input_names(model, {**input_shapes, **(targets or {})})
     graph = Graph()
     state = TraceState()
     was_training = model.training
@@ -65,6 +69,8 @@ def trace_module(
         for path, m in model.named_modules():
             state.paths[id(m)] = path
         args = {n: Tensor(graph, graph.add_input(n, _shape(n, s), "data")) for n, s in input_shapes.items()}
+        for n, (shape, dtype) in (targets or {}).items():
+            args[n] = Tensor(graph, graph.add_input(n, _shape(n, shape), "target", dtype))
         for path, m in model.named_modules():
             prefix = f"{path}." if path else ""
             for name, p in m._parameters.items():

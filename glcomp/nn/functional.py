@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
-from glcomp.ir.tensor import Tensor, _fail, one_hot, prim, unary
+from glcomp.ir.tensor import (
+    Tensor,
+    _fail,
+    broadcast_to,
+    clamp,
+    const,
+    ge,
+    gt,
+    lt,
+    maximum,
+    minimum,
+    one_hot,
+    prim,
+    reshape,
+    unary,
+    where,
+)
+
+# The graph input holding the random-number step counter: optimizer-style state, advanced by one
+# in every train step, read by every random op (dropout) of the train-mode graphs.
+RNG_STEP = "rng.step"
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -61,14 +83,166 @@ def _reduce(loss: Tensor, reduction: str) -> Tensor:
     raise _fail(f"unknown reduction {reduction!r}; use 'mean', 'sum' or 'none'")
 
 
-def cross_entropy(logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """Logits (N, C) and integer class targets (N,), as torch.nn.functional.cross_entropy."""
-    if logits.ndim != 2:
-        raise _fail(f"cross_entropy expects logits of shape (N, C), got {logits.shape}")
-    if target.shape != logits.shape[:1]:
-        raise _fail(f"cross_entropy target expected shape {logits.shape[:1]} but got {target.shape}")
-    picked = (log_softmax(logits, 1) * one_hot(target, logits.shape[1])).sum(1)
-    return _reduce(-picked, reduction)
+def _class_args(what: str, weight: Any, reduction: Any) -> str:
+    """Checks torch's optional class-loss arguments; the third positional argument may also be
+    the reduction (glcomp's earlier signature)."""
+    if isinstance(weight, str):
+        weight, reduction = None, weight
+    if weight is not None:
+        raise _fail(f"{what}: class weights are not supported yet")
+    return reduction
+
+
+def _class_reduce(loss: Tensor, target: Tensor, classes: int, ignore_index: int, reduction: str) -> Tensor:
+    """torch's reduction of a per-sample class loss: samples labelled `ignore_index` count for
+    nothing, and "mean" divides by the samples that count. (Labels are fed in [0, C), so an
+    ignore_index outside that range, such as torch's default -100, never matches.)"""
+    if not 0 <= ignore_index < classes:
+        return _reduce(loss, reduction)
+    valid = (target != float(ignore_index)).detach()
+    loss = loss * valid
+    if reduction == "mean":
+        return loss.sum() / valid.sum()
+    return _reduce(loss, reduction)
+
+
+def _picked(what: str, logp: Tensor, target: Tensor) -> Tensor:
+    """-logp[i, target[i]] for (N, C) scores and (N,) labels."""
+    if logp.ndim != 2:
+        raise _fail(f"{what} expects input of shape (N, C), got {logp.shape}")
+    if target.shape != logp.shape[:1]:
+        raise _fail(f"{what} target expected shape {logp.shape[:1]} but got {target.shape}")
+    return -(logp * one_hot(target, logp.shape[1])).sum(1)
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Any = None,
+    size_average: Any = None,
+    ignore_index: int = -100,
+    reduce: Any = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Logits (N, C) and integer class targets (N,), as torch.nn.functional.cross_entropy
+    (with label_smoothing)."""
+    reduction = _class_args("cross_entropy", weight, reduction)
+    if input.ndim != 2:
+        raise _fail(f"cross_entropy expects logits of shape (N, C), got {input.shape}")
+    logp = log_softmax(input, 1)
+    loss = _picked("cross_entropy", logp, target)
+    if label_smoothing:
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise _fail(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+        loss = loss * (1.0 - label_smoothing) - logp.mean(1) * label_smoothing
+    return _class_reduce(loss, target, input.shape[1], ignore_index, reduction)
+
+
+def nll_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Any = None,
+    size_average: Any = None,
+    ignore_index: int = -100,
+    reduce: Any = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Log-probabilities (N, C) and integer class targets (N,), as torch's nll_loss."""
+    reduction = _class_args("nll_loss", weight, reduction)
+    loss = _picked("nll_loss", input, target)
+    return _class_reduce(loss, target, input.shape[-1], ignore_index, reduction)
+
+
+def _same(what: str, input: Tensor, target: Tensor) -> None:
+    if input.shape != target.shape:
+        raise _fail(f"{what} target expected shape {input.shape} but got {target.shape}")
+
+
+def binary_cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Any = None,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Probabilities and targets in [0, 1]; each log is clamped at -100 as in torch."""
+    _same("binary_cross_entropy", input, target)
+    log_p = maximum(input.log(), -100.0)
+    log_q = maximum((1.0 - input).log(), -100.0)
+    loss = -(target * log_p + (1.0 - target) * log_q)
+    return _reduce(loss * weight if weight is not None else loss, reduction)
+
+
+def binary_cross_entropy_with_logits(
+    input: Tensor,
+    target: Tensor,
+    weight: Any = None,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    pos_weight: Any = None,
+) -> Tensor:
+    """Sigmoid and binary cross-entropy in one stable expression, as torch's:
+    ``(1 - y) x + (1 + (pw - 1) y) (log(1 + exp(-|x|)) + max(-x, 0))``."""
+    _same("binary_cross_entropy_with_logits", input, target)
+    softplus_neg = (1.0 + (-input.abs()).exp()).log() + maximum(-input, 0.0)
+    if pos_weight is None:
+        loss = (1.0 - target) * input + softplus_neg
+    else:
+        loss = (1.0 - target) * input + (1.0 + (pos_weight - 1.0) * target) * softplus_neg
+    return _reduce(loss * weight if weight is not None else loss, reduction)
+
+
+def l1_loss(
+    input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None, reduction: str = "mean"
+) -> Tensor:
+    _same("l1_loss", input, target)
+    return _reduce((input - target).abs(), reduction)
+
+
+def smooth_l1_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    beta: float = 1.0,
+) -> Tensor:
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta 0: the L1 loss)."""
+    _same("smooth_l1_loss", input, target)
+    d = (input - target).abs()
+    if beta == 0:
+        return _reduce(d, reduction)
+    return _reduce(where(lt(d, beta), d * d * (0.5 / beta), d - 0.5 * beta), reduction)
+
+
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    _same("huber_loss", input, target)
+    d = (input - target).abs()
+    return _reduce(where(lt(d, delta), d * d * 0.5, (d - 0.5 * delta) * delta), reduction)
+
+
+def kl_div(
+    input: Tensor,
+    target: Tensor,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    log_target: bool = False,
+) -> Tensor:
+    """torch's kl_div: `input` holds log-probabilities; pointwise ``target * (log target - input)``
+    (0 where target is 0). ``reduction="batchmean"`` divides the sum by the batch size."""
+    _same("kl_div", input, target)
+    if log_target:
+        loss = target.exp() * (target - input)
+    else:
+        safe = maximum(target, 1e-30)
+        loss = where(gt(target, 0.0), target * (safe.log() - input), -target * input)
+    if reduction == "batchmean":
+        return loss.sum() * (1.0 / (input.shape[0] if input.ndim else 1))
+    return _reduce(loss, reduction)
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -76,6 +250,218 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
         raise _fail(f"mse_loss target expected shape {input.shape} but got {target.shape}")
     d = input - target
     return _reduce(d * d, reduction)
+
+
+# -- activations ---------------------------------------------------------------------------------
+def silu(x: Tensor) -> Tensor:
+    return x * unary("sigmoid", x)
+
+
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    # exp of min(x, 0): the branch not taken stays finite, so its zero gradient stays zero.
+    return where(gt(x, 0.0), x, (minimum(x, 0.0).exp() - 1.0) * alpha)
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (as torch)."""
+    z = x * beta
+    soft = (1.0 + minimum(z, threshold).exp()).log() * (1.0 / beta)
+    return where(gt(z, threshold), x, soft)
+
+
+def relu6(x: Tensor) -> Tensor:
+    return hardtanh(x, 0.0, 6.0)
+
+
+def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    return clamp(x, min_val, max_val)
+
+
+def hardsigmoid(x: Tensor) -> Tensor:
+    return clamp(x * (1.0 / 6.0) + 0.5, 0.0, 1.0)
+
+
+def hardswish(x: Tensor) -> Tensor:
+    return x * hardsigmoid(x)
+
+
+def mish(x: Tensor) -> Tensor:
+    return x * softplus(x).tanh()
+
+
+def erf(x: Tensor) -> Tensor:
+    """The error function (a primitive: math.erf on the reference runtime, an approximation with
+    relative error below 1.2e-7 in the shaders)."""
+    return unary("erf", x)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """torch's GELU: ``x * Phi(x)`` with the exact erf (``approximate="none"``) or its tanh form."""
+    if approximate == "tanh":
+        inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
+        return x * 0.5 * (1.0 + inner.tanh())
+    if approximate != "none":
+        raise _fail(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return x * 0.5 * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+
+
+# -- normalisation -----------------------------------------------------------------------------------
+def layer_norm(
+    x: Tensor,
+    normalized_shape: Any,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise over the trailing `normalized_shape` dims (biased variance), then scale and shift."""
+    shape = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if x.shape[x.ndim - len(shape) :] != shape:
+        raise _fail(f"layer_norm: input {x.shape} does not end in normalized_shape {shape}")
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
+    mean = x.mean(axes, keepdim=True)
+    centered = x - mean
+    var = (centered * centered).mean(axes, keepdim=True)
+    y = centered / (var + eps).sqrt()
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """x / max(||x||_p, eps) along `dim` (p = 2 or 1)."""
+    if p == 2:
+        norm = (x * x).sum(dim, keepdim=True).sqrt()
+    elif p == 1:
+        norm = x.abs().sum(dim, keepdim=True)
+    else:
+        raise _fail(f"normalize: p must be 1 or 2, got {p}")
+    return x / maximum(norm, eps)
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
+    """torch's softmax(q k^T * scale + mask) v over the last two dims (batched matmuls).
+    `attn_mask` is added to the scores (torch's float-mask form: glcomp tensors are float, so a
+    boolean keep-mask must be given as 0 / -inf, or use `is_causal`). As in torch, `dropout_p`
+    applies whenever it is positive: pass ``dropout_p=p if self.training else 0.0``."""
+    from glcomp.ir.tensor import arange, le
+
+    length, source = query.shape[-2], key.shape[-2]
+    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    att = (query @ key.transpose(-2, -1)) * s
+    if is_causal:
+        rows = reshape(arange(query.graph, length), (length, 1))
+        cols = reshape(arange(query.graph, source), (1, source))
+        keep = broadcast_to(le(cols - rows, 0.0), att.shape)
+        att = where(keep, att, -math.inf)
+    if attn_mask is not None:
+        att = att + attn_mask
+    att = softmax(att, -1)
+    if dropout_p > 0:
+        att = dropout(att, dropout_p, True)
+    return att @ value
+
+
+# -- lookups ---------------------------------------------------------------------------------------
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    """Rows of `weight` (V, D) picked by integer ids (any shape, fed as numbers): one_hot(ids) @
+    weight, so the weight gradient is the sum of the output gradients per id. The row at
+    `padding_idx` reads as zeros and gets no gradient."""
+    if weight.ndim != 2:
+        raise _fail(f"embedding weight must be (num_embeddings, embedding_dim), got {weight.shape}")
+    rows = one_hot(input, weight.shape[0])
+    if padding_idx is not None:
+        keep = [0.0 if i == padding_idx % weight.shape[0] else 1.0 for i in range(weight.shape[0])]
+        mask = reshape(_vector(weight.graph, keep), (weight.shape[0], 1))
+        weight = weight * mask
+    return rows @ weight
+
+
+def _vector(graph: Any, values: Sequence[float]) -> Tensor:
+    from glcomp.ir.tensor import cat
+
+    return cat([const(graph, v, (1,)) for v in values])
+
+
+# -- random ------------------------------------------------------------------------------------------
+def _rng_step(graph: Any) -> Tensor:
+    node = graph.inputs.get(RNG_STEP)
+    if node is None:
+        node = graph.add_input(RNG_STEP, (), "state")
+    return Tensor(graph, node)
+
+
+def rand(graph: Any, shape: tuple[int, ...]) -> Tensor:
+    """Uniform values in [0, 1) of `shape`: a counter-based hash of (element, the step counter
+    ``rng.step``, a seed per random call of the trace). The same on both runtimes, the same for
+    the same step, new in each train step. The seeds follow glcomp.manual_seed."""
+    from glcomp.nn.init import current_seed
+    from glcomp.nn.module import active_trace
+
+    state = active_trace()
+    if state is None:
+        raise _fail("random ops (dropout) run only while a model is traced")
+    call = state.random_calls
+    state.random_calls += 1
+    n = math.prod(shape)
+    seed = float((current_seed() * 4099 + 7919 * call + 1) % (1 << 24))
+    step = broadcast_to(_rng_step(graph), (n,))
+    u = prim("hash_uniform", step, const(graph, seed, (n,)))
+    return reshape(u, tuple(shape))
+
+
+def _keep(x: Tensor, shape: tuple[int, ...], p: float) -> Tensor:
+    return ge(rand(x.graph, shape), p) * (1.0 / (1.0 - p))
+
+
+def _dropout_checks(p: float) -> None:
+    if not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+        raise _fail(f"dropout probability has to be between 0 and 1, but got {p!r}")
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """torch's dropout: in training, each element is zeroed with probability `p` and the rest are
+    scaled by 1 / (1 - p); otherwise the identity. Note that, as in torch, the functional form
+    drops in both modes unless given ``training=self.training``."""
+    _dropout_checks(p)
+    if not training or p == 0:
+        return x
+    if p == 1:
+        return x * 0.0
+    return x * _keep(x, x.shape, p)
+
+
+def _channel_dropout(what: str, x: Tensor, p: float, training: bool, ranks: tuple[int, ...]) -> Tensor:
+    _dropout_checks(p)
+    if x.ndim not in ranks:
+        raise _fail(f"{what} expects input of rank {' or '.join(map(str, ranks))}, got {x.shape}")
+    if not training or p == 0:
+        return x
+    if p == 1:
+        return x * 0.0
+    # One draw per (sample, channel) of a batched input, per channel of an unbatched one.
+    lead = 2 if x.ndim == ranks[-1] else 1
+    mask_shape = x.shape[:lead] + (1,) * (x.ndim - lead)
+    return x * broadcast_to(_keep(x, mask_shape, p), x.shape)
+
+
+def dropout1d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero whole channels of (N, C, L) or (C, L) inputs with probability `p`."""
+    return _channel_dropout("dropout1d", x, p, training, (2, 3))
+
+
+def dropout2d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero whole channels of (N, C, H, W) or (C, H, W) inputs with probability `p`."""
+    return _channel_dropout("dropout2d", x, p, training, (3, 4))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -110,6 +496,18 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     return x.flatten(start_dim, end_dim)
 
 
+def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> Tensor:
+    """torch's F.pad with zeros: `pad` lists (before, after) pairs from the last dim backwards."""
+    if mode != "constant" or value != 0.0 or len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise _fail(f"pad: only zero padding with (before, after) pairs is supported, got {pad}, {mode!r}")
+    before, after = [0] * x.ndim, [0] * x.ndim
+    for k in range(len(pad) // 2):
+        before[x.ndim - 1 - k], after[x.ndim - 1 - k] = int(pad[2 * k]), int(pad[2 * k + 1])
+    if min(before + after) < 0:
+        raise _fail("pad: negative padding is not supported")
+    return prim("pad", x, before=tuple(before), after=tuple(after))
+
+
 def batch_norm_train(x: Tensor, axes: tuple[int, ...], eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """Normalise with batch statistics; returns (normalised, mean, biased variance)."""
     mean = x.mean(axes, keepdim=True)
@@ -119,19 +517,48 @@ def batch_norm_train(x: Tensor, axes: tuple[int, ...], eps: float) -> tuple[Tens
 
 
 __all__ = [
+    "RNG_STEP",
     "avg_pool2d",
+    "batch_norm_train",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
     "conv2d",
     "cross_entropy",
+    "dropout",
+    "dropout1d",
+    "dropout2d",
+    "elu",
+    "embedding",
+    "erf",
     "exp",
     "flatten",
+    "gelu",
+    "hardsigmoid",
+    "hardswish",
+    "hardtanh",
+    "huber_loss",
+    "kl_div",
+    "l1_loss",
+    "layer_norm",
     "leaky_relu",
     "linear",
     "log",
     "log_softmax",
     "max_pool2d",
+    "mish",
     "mse_loss",
+    "nll_loss",
+    "normalize",
+    "one_hot",
+    "pad",
+    "rand",
     "relu",
+    "relu6",
+    "scaled_dot_product_attention",
     "sigmoid",
+    "silu",
+    "smooth_l1_loss",
     "softmax",
+    "softplus",
     "tanh",
 ]

@@ -25,6 +25,93 @@ def _need(x: Any, what: str) -> Tensor:
     return x
 
 
+class ModuleList(Module):
+    """torch.nn.ModuleList: sub-modules named "0", "1", ... (torch's parameter names)."""
+
+    def __init__(self, modules: Any = None) -> None:
+        super().__init__()
+        for m in modules or ():
+            self.append(m)
+
+    def append(self, module: Module) -> ModuleList:
+        if not isinstance(module, Module):
+            raise GlcompError(f"ModuleList holds glcomp.nn modules, got {type(module).__name__}")
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules: Any) -> ModuleList:
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index: int, module: Module) -> None:
+        items = list(self._modules.values())
+        items.insert(index, module)
+        self._modules.clear()
+        for m in items:
+            self.append(m)
+
+    def __getitem__(self, i: Any) -> Any:
+        items = list(self._modules.values())
+        return ModuleList(items[i]) if isinstance(i, slice) else items[i]
+
+    def __setitem__(self, i: int, module: Module) -> None:
+        key = list(self._modules)[i]
+        self._modules[key] = module
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Any:
+        return iter(list(self._modules.values()))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise GlcompError("ModuleList has no forward(): call its modules in your own forward()")
+
+
+class ModuleDict(Module):
+    """torch.nn.ModuleDict: sub-modules by name, in insertion order."""
+
+    def __init__(self, modules: Any = None) -> None:
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def update(self, modules: Any) -> None:
+        items = modules.items() if hasattr(modules, "items") else modules
+        for name, m in items:
+            self[name] = m
+
+    def __getitem__(self, name: str) -> Module:
+        return self._modules[name]
+
+    def __setitem__(self, name: str, module: Module) -> None:
+        if not isinstance(module, Module):
+            raise GlcompError(f"ModuleDict[{name!r}] must be a glcomp.nn module, got {type(module).__name__}")
+        self.add_module(name, module)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Any:
+        return iter(list(self._modules))
+
+    def keys(self) -> Any:
+        return self._modules.keys()
+
+    def values(self) -> Any:
+        return self._modules.values()
+
+    def items(self) -> Any:
+        return self._modules.items()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise GlcompError("ModuleDict has no forward(): call its modules in your own forward()")
+
+
 class Sequential(Module):
     def __init__(self, *modules: Module) -> None:
         super().__init__()
@@ -142,12 +229,15 @@ class AvgPool2d(_Pool):
 
 
 class ReLU(Module):
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(x)
 
 
 class LeakyReLU(Module):
-    def __init__(self, negative_slope: float = 0.01) -> None:
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
         super().__init__()
         self.negative_slope = negative_slope
 
@@ -172,6 +262,166 @@ class Softmax(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.softmax(x, self.dim)
+
+
+class LogSoftmax(Module):
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.log_softmax(x, self.dim)
+
+
+class GELU(Module):
+    """x * Phi(x) with the exact erf (``approximate="none"``, torch's default) or the tanh form."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise GlcompError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x, self.approximate)
+
+
+class SiLU(Module):
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(x)
+
+
+class Mish(Module):
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.mish(x)
+
+
+class ELU(Module):
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.elu(x, self.alpha)
+
+
+class Softplus(Module):
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.softplus(x, self.beta, self.threshold)
+
+
+class Hardtanh(Module):
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.min_val, self.max_val = min_val, max_val
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.hardtanh(x, self.min_val, self.max_val)
+
+
+class ReLU6(Hardtanh):
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__(0.0, 6.0)
+
+
+class Hardswish(Module):
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.hardswish(x)
+
+
+class _DropoutNd(Module):
+    """Dropout layers: active in train mode (gradients, train_step), the identity in eval mode
+    (predict). Masks come from a counter-based hash of (element, step, seed): see F.dropout."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+            raise GlcompError(
+                f"{type(self).__name__}: dropout probability has to be between 0 and 1, got {p!r}"
+            )
+        self.p = float(p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Dropout(_DropoutNd):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout(_need(x, "input"), self.p, self.training)
+
+
+class Dropout1d(_DropoutNd):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout1d(_need(x, "input"), self.p, self.training)
+
+
+class Dropout2d(_DropoutNd):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout2d(_need(x, "input"), self.p, self.training)
+
+
+class LayerNorm(Module):
+    """torch.nn.LayerNorm over the trailing `normalized_shape` dims (weight ones, bias zeros)."""
+
+    def __init__(
+        self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True
+    ) -> None:
+        super().__init__()
+        shape = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.normalized_shape, self.eps = shape, eps
+        self.weight = Parameter(np.ones(shape, np.float32)) if elementwise_affine else None
+        self.bias = Parameter(np.zeros(shape, np.float32)) if elementwise_affine and bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(_need(x, "input"), self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class Embedding(Module):
+    """torch.nn.Embedding: weight (num_embeddings, embedding_dim) drawn from N(0, 1); the ids
+    are fed as numbers (float32 holds integers exactly up to 2^24)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None) -> None:
+        super().__init__()
+        from glcomp.nn.init import normal_
+
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        self.weight = Parameter(np.zeros((num_embeddings, embedding_dim), np.float32))
+        normal_(self.weight)
+        if padding_idx is not None:
+            self.weight.data[padding_idx] = 0.0
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(_need(ids, "input"), self.weight, self.padding_idx)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class Unflatten(Module):
+    def __init__(self, dim: int, unflattened_size: Any) -> None:
+        super().__init__()
+        self.dim, self.sizes = dim, tuple(unflattened_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = _need(x, "input")
+        d = self.dim % x.ndim
+        return x.reshape(x.shape[:d] + self.sizes + x.shape[d + 1 :])
 
 
 class Flatten(Module):
@@ -307,29 +557,136 @@ class LSTM(Module):
         return f"{self.input_size}, {self.hidden_size}, batch_first={self.batch_first}"
 
 
+_REDUCTIONS = ("mean", "sum", "none")
+
+
 class _Loss(Module):
-    def __init__(self, reduction: str = "mean") -> None:
+    """Base of the loss modules. ``reduction`` as torch: "mean", "sum" or "none" (a loss given to
+    glcomp.compile must reduce to a scalar)."""
+
+    reductions: tuple[str, ...] = _REDUCTIONS
+
+    def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean") -> None:
         super().__init__()
+        if isinstance(size_average, str):  # glcomp's earlier positional form: MSELoss("sum")
+            reduction = size_average
+        if reduction not in self.reductions:
+            raise GlcompError(
+                f"{type(self).__name__}: reduction must be one of {self.reductions}, got {reduction!r}"
+            )
         self.reduction = reduction
 
     def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
-        """Shape, dtype and (for class labels) the class count of the target this loss takes."""
-        raise GlcompError(f"{type(self).__name__} does not say what target it takes (target_spec)")
+        """Shape, dtype and (for class labels) the class count of the target this loss takes;
+        by default a float target shaped like the output."""
+        return {"shape": output_shape, "dtype": "float32"}
 
 
-class CrossEntropyLoss(_Loss):
-    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        return F.cross_entropy(logits, target, self.reduction)
+class _ClassLoss(_Loss):
+    def __init__(self, weight: Any = None, size_average: Any = None, ignore_index: int = -100,
+                 reduce: Any = None, reduction: str = "mean") -> None:  # fmt: skip
+        super().__init__(size_average, reduce, reduction)
+        if weight is not None:
+            raise GlcompError(f"{type(self).__name__}: class weights are not supported yet")
+        self.ignore_index = ignore_index
 
     def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
         if len(output_shape) != 2:
-            raise GlcompError(f"CrossEntropyLoss expects model output (N, C), got {output_shape}")
+            raise GlcompError(f"{type(self).__name__} expects model output (N, C), got {output_shape}")
         return {"shape": output_shape[:1], "dtype": "int32", "num_classes": output_shape[1]}
+
+
+class CrossEntropyLoss(_ClassLoss):
+    def __init__(
+        self,
+        weight: Any = None,
+        size_average: Any = None,
+        ignore_index: int = -100,
+        reduce: Any = None,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__(weight, size_average, ignore_index, reduce, reduction)
+        self.label_smoothing = label_smoothing
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return F.cross_entropy(
+            logits,
+            target,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+        )
+
+
+class NLLLoss(_ClassLoss):
+    def forward(self, log_probs: Tensor, target: Tensor) -> Tensor:
+        return F.nll_loss(log_probs, target, ignore_index=self.ignore_index, reduction=self.reduction)
 
 
 class MSELoss(_Loss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.mse_loss(input, target, self.reduction)
 
-    def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"shape": output_shape, "dtype": "float32"}
+
+class L1Loss(_Loss):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    def __init__(
+        self, size_average: Any = None, reduce: Any = None, reduction: str = "mean", beta: float = 1.0
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.beta = beta
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(_Loss):
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction=reduction)
+        self.delta = delta
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.huber_loss(input, target, self.reduction, self.delta)
+
+
+class BCELoss(_Loss):
+    """Binary cross-entropy on probabilities (e.g. after a Sigmoid); targets in [0, 1]."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.binary_cross_entropy(input, target, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Sigmoid + binary cross-entropy in one stable expression; ``pos_weight`` a float or None."""
+
+    def __init__(self, weight: Any = None, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean", pos_weight: Any = None) -> None:  # fmt: skip
+        super().__init__(size_average, reduce, reduction)
+        if weight is not None or not (pos_weight is None or isinstance(pos_weight, int | float)):
+            raise GlcompError("BCEWithLogitsLoss: weight and tensor pos_weight are not supported yet")
+        self.pos_weight = pos_weight
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.binary_cross_entropy_with_logits(
+            input, target, reduction=self.reduction, pos_weight=self.pos_weight
+        )
+
+
+class KLDivLoss(_Loss):
+    """KL divergence with `input` as log-probabilities; reduction also "batchmean" (torch's
+    mathematically correct choice)."""
+
+    reductions = (*_REDUCTIONS, "batchmean")
+
+    def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
+                 log_target: bool = False) -> None:  # fmt: skip
+        super().__init__(size_average, reduce, reduction)
+        self.log_target = log_target
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)

@@ -37,6 +37,18 @@ class Parameter:
     def numpy(self) -> np.ndarray:
         return self.data
 
+    def numel(self) -> int:
+        return int(self.data.size)
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.data.shape if dim is None else self.data.shape[dim]
+
+    def dim(self) -> int:
+        return self.data.ndim
+
+    def to(self, *args: Any, **kwargs: Any) -> Parameter:
+        return self
+
     def __repr__(self) -> str:
         return f"Parameter(shape={self.shape}, requires_grad={self.requires_grad})"
 
@@ -49,6 +61,8 @@ class TraceState:
     paths: dict[int, str] = field(default_factory=dict)
     values: dict[tuple[int, str], Tensor] = field(default_factory=dict)
     buffer_updates: dict[str, Tensor] = field(default_factory=dict)
+    graph: Any = None  # the graph being built (set by the first module call)
+    random_calls: int = 0  # random ops traced so far: each gets a seed of its own
 
 
 _TRACE: contextvars.ContextVar[TraceState | None] = contextvars.ContextVar("glcomp_trace", default=None)
@@ -139,6 +153,33 @@ class Module:
     def eval(self) -> Module:
         return self.train(False)
 
+    # -- device and dtype spellings of torch scripts: glcomp decides placement at compile time ----
+    def to(self, *args: Any, **kwargs: Any) -> Module:
+        """Returns the module itself: `.to(device)` / `.to(torch.float32)` in ported scripts."""
+        return self
+
+    def cuda(self, device: Any = None) -> Module:
+        return self
+
+    def cpu(self) -> Module:
+        return self
+
+    def float(self) -> Module:
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Gradients are never accumulated across steps in glcomp: nothing to clear."""
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        yield from self._modules.items()
+
+    def apply(self, fn: Any) -> Module:
+        """Call `fn` on every sub-module (children first) and on this module, as torch does."""
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
     def requires_grad_(self, flag: bool = True) -> Module:
         for p in self.parameters():
             p.requires_grad = flag
@@ -185,6 +226,11 @@ class Module:
                 f"{type(self).__name__} was called outside a trace: glcomp modules run through "
                 "glcomp.compile(...) or glcomp.trace(...)"
             )
+        if state.graph is None:
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, Tensor):
+                    state.graph = value.graph
+                    break
         path = state.paths.get(id(self), "")
         label = f"{path} ({type(self).__name__})" if path else f"({type(self).__name__})"
         with origin(label):

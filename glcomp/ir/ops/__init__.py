@@ -1,6 +1,17 @@
 """The op registry, populated by one module per kernel family."""
 
-from glcomp.ir.ops import conv, elementwise, index, matmul, movement, pool, reduce, source  # noqa: F401
+from glcomp.ir.ops import (  # noqa: F401
+    conv,
+    elementwise,
+    index,
+    matmul,
+    movement,
+    pool,
+    random,
+    reduce,
+    source,
+    special,
+)
 from glcomp.ir.ops.registry import KINDS, REGISTRY, Op, get_op, register
 
 __all__ = ["KINDS", "REGISTRY", "Op", "get_op", "register"]
