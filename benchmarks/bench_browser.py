@@ -4,7 +4,6 @@
     python benchmarks/bench_browser.py --workloads mlp,cnn --targets webgl2,webgl1 --json out.json
     python benchmarks/bench_browser.py --peers tfjs --rounds 2 --steps 10 --no-moderngl
 
-
 Each workload is compiled, saved as a bundle, served on 127.0.0.1 and loaded by the page. After
 warm-up steps (the first step includes the driver's shader JIT compilation), every timed step is
 one ``await rt.trainStep(batch)``: uploads, the train_step draws and the loss read back (async
