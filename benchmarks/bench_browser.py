@@ -2,6 +2,7 @@
 
     python benchmarks/bench_browser.py                        # all workloads, webgl2, 30 timed steps
     python benchmarks/bench_browser.py --workloads mlp,cnn --targets webgl2,webgl1 --json out.json
+    python benchmarks/bench_browser.py --peers tfjs --rounds 2 --steps 10 --no-moderngl
 
 Each workload is compiled, saved as a bundle, served on 127.0.0.1 and loaded by the page. After
 warm-up steps (the first step includes the driver's shader JIT compilation), every timed step is
@@ -10,13 +11,29 @@ pixel-pack-buffer readback on WebGL 2, readPixels on WebGL 1). The table gives t
 10th/90th percentiles, the time per step when ``rt.train`` keeps 2 steps in flight, the draw calls
 per step (counted by the runtime) and, for comparison, the moderngl runtime on this machine.
 Chromium is started with SwiftShader (CPU WebGL) unless ``--gpu`` is given.
+
+``--peers tfjs`` trains the same workloads with TensorFlow.js 4.22 (WebGL backend) in the same
+Chromium, one page per workload and runtime, interleaved round by round (``--rounds``), with the
+1-minute load average recorded around each page. The tfjs models are in
+``benchmarks/peers/tfjs_workloads.js``; tfjs itself comes from npm (``cd benchmarks/peers && npm
+install``), served with that module by a second static server on 127.0.0.1 (glcomp's server
+serves only the runtime and bundles). Every page counts its WebGL calls by wrapping the context
+prototypes: draws (drawArrays/drawElements and their instanced forms) and programs
+(createProgram, linkProgram). A tfjs step is one ``optimizer.minimize(() => loss, true)`` on a
+freshly uploaded batch with the loss read back (``await loss.data()``, ``dataSync()`` with
+``--readback sync``). First step: glcomp from ``Runtime.load`` (fetch, context, shader
+compilation) to the end of the first step; tfjs from model creation (after its backend is up) to
+the end of the first step, which compiles its shaders. This benchmark needs Chromium, Playwright
+and, for the peers, npm; it is not part of the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.server
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -55,6 +72,41 @@ def _workloads() -> dict[str, Any]:
     return {name: (w.model, w.optimizer, tuple(w.x_shape), w.classes) for name, w in module.WORKLOADS.items()}
 
 
+PEERS = ("tfjs",)
+PEERS_DIR = Path(__file__).resolve().with_name("peers")
+TFJS_FILES = {
+    "/tf.min.js": PEERS_DIR / "node_modules" / "@tensorflow" / "tfjs" / "dist" / "tf.min.js",
+    "/tfjs_workloads.js": PEERS_DIR / "tfjs_workloads.js",
+}
+TFJS_PAGE = b"""<!doctype html>
+<html><head><meta charset="utf-8"><title>tfjs peer</title><script src="/tf.min.js"></script></head>
+<body></body></html>
+"""
+
+# Installed before any script of a page runs: counts draws and program creation/linking on every
+# WebGL context of the page (glcomp.js also counts its own draws; tfjs does not).
+COUNTERS_JS = """
+(() => {
+  const counts = { draws: 0, programs: 0, links: 0 };
+  globalThis.__glCounts = counts;
+  for (const C of [globalThis.WebGLRenderingContext, globalThis.WebGL2RenderingContext]) {
+    if (!C) continue;
+    const p = C.prototype;
+    for (const name of ["drawArrays", "drawElements", "drawArraysInstanced", "drawElementsInstanced"]) {
+      const f = p[name];
+      if (f) p[name] = function (...a) { counts.draws++; return f.apply(this, a); };
+    }
+    const create = p.createProgram, link = p.linkProgram;
+    p.createProgram = function (...a) { counts.programs++; return create.apply(this, a); };
+    p.linkProgram = function (...a) { counts.links++; return link.apply(this, a); };
+  }
+})();
+"""
+
+TFJS_PAGE_JS = """
+async (arg) => (await import('/tfjs_workloads.js')).bench(globalThis.tf, arg)
+"""
+
 PAGE_JS = """
 async (arg) => {
   const g = await import('/glcomp.js');
@@ -68,6 +120,7 @@ async (arg) => {
   for (let i = 1; i < arg.warmup; i++) await rt.trainStep(batch);
   const times = [];
   const before = rt.drawCalls;
+  const glBefore = globalThis.__glCounts.draws;
   let loss = 0;
   for (let i = 0; i < arg.steps; i++) {
     t = performance.now();
@@ -75,13 +128,20 @@ async (arg) => {
     times.push(performance.now() - t);
   }
   const draws = (rt.drawCalls - before) / arg.steps;
-  t = performance.now();
-  await rt.train({ steps: arg.steps, batches: [batch], inflight: 2 });
-  const pipelinedMs = (performance.now() - t) / arg.steps;
+  const glDraws = (globalThis.__glCounts.draws - glBefore) / arg.steps;
+  const programs = Object.keys(rt.manifest.programs).length;
+  const trainPrograms = new Set(rt.manifest.entries.train_step.draws.map((d) => d.program)).size;
+  const glPrograms = globalThis.__glCounts.programs;
+  let pipelinedMs = null;
+  if (arg.pipelined) {
+    t = performance.now();
+    await rt.train({ steps: arg.steps, batches: [batch], inflight: 2 });
+    pipelinedMs = (performance.now() - t) / arg.steps;
+  }
   const info = rt.info();
   rt.dispose();
-  return { loadMs, firstMs, times, draws, pipelinedMs, loss, renderer: info.renderer,
-    readback: info.readback };
+  return { loadMs, firstMs, times, draws, glDraws, programs, trainPrograms, glPrograms, pipelinedMs, loss,
+    renderer: info.renderer, readback: info.readback };
 }
 """
 
@@ -102,75 +162,175 @@ def _moderngl_ms(prog: glcomp.Program, x: np.ndarray, y: np.ndarray, warmup: int
     return statistics.median(times)
 
 
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+class _PeerHandler(http.server.BaseHTTPRequestHandler):
+    """Serves the tfjs page, tf.min.js and the tfjs workload module: those three paths, nothing else."""
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path in ("/", "/index.html"):
+            body, kind = TFJS_PAGE, "text/html; charset=utf-8"
+        elif path in TFJS_FILES:
+            body, kind = TFJS_FILES[path].read_bytes(), "text/javascript; charset=utf-8"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _peer_server() -> http.server.ThreadingHTTPServer:
+    missing = [str(p) for p in TFJS_FILES.values() if not p.is_file()]
+    if missing:
+        raise SystemExit(f"tfjs is not installed ({missing[0]} is missing): cd {PEERS_DIR} && npm install")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PeerHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _summarise(rec: dict[str, Any], times: list[float], steps: int) -> dict[str, Any]:
+    q10, q90 = np.percentile(times, [10, 90])
+    return rec | {
+        "steps": steps,
+        "times_ms": [round(t, 3) for t in times],
+        "ms_median": statistics.median(times),
+        "ms_p10": float(q10),
+        "ms_p90": float(q90),
+    }
+
+
+def _evaluate(page: Any, script: str, arg: dict[str, Any], label: str) -> dict[str, Any] | None:
+    try:
+        return page.evaluate(script, arg)
+    except Exception as err:  # report the workload, go on with the rest
+        print(f"    {label} failed: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
+        return None
+    finally:
+        page.close()
+
+
 def run(
-    names: list[str], targets: list[str], steps: int, warmup: int, readback: str, gpu: bool, moderngl: bool
+    names: list[str],
+    targets: list[str],
+    steps: int,
+    warmup: int,
+    readback: str,
+    gpu: bool,
+    moderngl: bool,
+    peers: tuple[str, ...] = (),
+    rounds: int = 1,
+    pipelined: bool = True,
 ) -> list[dict[str, Any]]:
+    """Time every workload on glcomp.js (each target) and on each peer, `rounds` times, one fresh
+    page per run, interleaved: within a round each workload runs on every runtime in turn (the
+    order reversed on odd rounds). One record per run, with the load average before and after."""
     from playwright.sync_api import sync_playwright
 
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         raise SystemExit("chromium is not installed (Debian: apt-get install chromium)")
     workloads = _workloads()
-    results = []
+    results: list[dict[str, Any]] = []
+    peer_server = _peer_server() if peers else None
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
         root = Path(tmp)
         server = make_server(root)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{server.server_address[1]}/"
+        peer_url = f"http://127.0.0.1:{peer_server.server_address[1]}/" if peer_server else ""
+        batches, progs = {}, {}
+        for name in names:
+            model, make_opt, shape, classes = workloads[name]
+            rng = np.random.default_rng(0)
+            x = rng.standard_normal(shape).astype(np.float32)
+            y = rng.integers(0, classes, size=shape[0])
+            batches[name] = (x, y, shape)
+            for target in targets:
+                print(f"  compiling {name} / {target} ...", file=sys.stderr, flush=True)
+                glcomp.manual_seed(0)
+                prog = glcomp.compile(model(), {"x": shape}, nn.CrossEntropyLoss(), make_opt(), target=target)
+                prog.save(root / f"{name}_{target}")
+                progs[name, target] = prog
         browser = pw.chromium.launch(executable_path=exe, args=GPU_ARGS if gpu else SWIFTSHADER_ARGS)
         try:
-            for name in names:
-                model, make_opt, shape, classes = workloads[name]
-                rng = np.random.default_rng(0)
-                x = rng.standard_normal(shape).astype(np.float32)
-                y = rng.integers(0, classes, size=shape[0])
-                for target in targets:
-                    print(f"  {name} / {target} ...", file=sys.stderr, flush=True)
-                    glcomp.manual_seed(0)
-                    prog = glcomp.compile(
-                        model(), {"x": shape}, nn.CrossEntropyLoss(), make_opt(), target=target
-                    )
-                    prog.save(root / f"{name}_{target}")
-                    page = browser.new_page()
-                    page.set_default_timeout(600_000)
-                    page.goto(url + "glcomp.js")
-                    arg = {
-                        "base": f"/bundle/{name}_{target}/",
-                        "x": x.ravel().tolist(),
-                        "y": y.tolist(),
-                        "steps": steps,
-                        "warmup": max(1, warmup),
-                        "readback": readback,
-                    }
-                    try:
-                        rec = page.evaluate(PAGE_JS, arg)
-                    except Exception as err:  # report the workload, go on with the rest
-                        print(f"    failed: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
-                        continue
-                    finally:
-                        page.close()
-                    times = rec.pop("times")
-                    q10, q90 = np.percentile(times, [10, 90])
-                    rec |= {
-                        "workload": name,
-                        "target": target,
-                        "steps": steps,
-                        "ms_median": statistics.median(times),
-                        "ms_p10": float(q10),
-                        "ms_p90": float(q90),
-                    }
-                    if moderngl:
-                        rec["moderngl_ms"] = _moderngl_ms(prog, x, y, warmup, steps)
-                    results.append(rec)
-                    print("    " + table([rec]).splitlines()[-1], file=sys.stderr, flush=True)
+            for rnd in range(rounds):
+                for name in names:
+                    x, y, shape = batches[name]
+                    runs = [("glcomp.js", t) for t in targets] + [(p, "webgl2") for p in peers]
+                    for runtime, target in runs if rnd % 2 == 0 else runs[::-1]:
+                        label = f"{name} / {runtime}" + (f" / {target}" if runtime == "glcomp.js" else "")
+                        print(f"  round {rnd + 1}: {label} ...", file=sys.stderr, flush=True)
+                        page = browser.new_page()
+                        page.set_default_timeout(600_000)
+                        page.add_init_script(COUNTERS_JS)
+                        common = {
+                            "x": x.ravel().tolist(),
+                            "y": y.tolist(),
+                            "steps": steps,
+                            "warmup": max(1, warmup),
+                            "readback": readback,
+                        }
+                        load_before = _load()
+                        if runtime == "glcomp.js":
+                            page.goto(url + "glcomp.js")
+                            arg = common | {"base": f"/bundle/{name}_{target}/", "pipelined": pipelined}
+                            rec = _evaluate(page, PAGE_JS, arg, label)
+                        else:
+                            page.goto(peer_url)
+                            arg = common | {"name": name, "shape": list(shape)}
+                            rec = _evaluate(page, TFJS_PAGE_JS, arg, label)
+                            if rec is not None:
+                                rec["readback"] = readback
+                        if rec is None:
+                            continue
+                        rec = _summarise(rec, rec.pop("times"), steps) | {
+                            "workload": name,
+                            "runtime": runtime,
+                            "target": target,
+                            "round": rnd + 1,
+                            "load_before": load_before,
+                            "load_after": _load(),
+                        }
+                        if runtime == "glcomp.js" and moderngl and rnd == 0:
+                            rec["moderngl_ms"] = _moderngl_ms(progs[name, target], x, y, warmup, steps)
+                        results.append(rec)
+                        print("    " + _row_text(rec), file=sys.stderr, flush=True)
         finally:
             browser.close()
             server.shutdown()
             server.server_close()
+            if peer_server is not None:
+                peer_server.shutdown()
+                peer_server.server_close()
     return results
 
 
+def _row_text(r: dict[str, Any]) -> str:
+    return (
+        f"{r['workload']} {r['runtime']} {r['target']}: {r['ms_median']:.1f} ms/step "
+        f"({r['ms_p10']:.1f}-{r['ms_p90']:.1f}), {r['draws']:.0f} draws/step, {r['programs']} programs, "
+        f"first step {_first_ms(r):.0f} ms, load {r['load_before']:.1f}-{r['load_after']:.1f}"
+    )
+
+
+def _first_ms(r: dict[str, Any]) -> float:
+    """Bundle load + first step (glcomp.js); model creation + first step (peers)."""
+    return r["firstMs"] + r.get("loadMs", 0.0)
+
+
 def table(results: list[dict[str, Any]]) -> str:
+    """The glcomp.js runs, one row per run."""
+    results = [r for r in results if r.get("runtime", "glcomp.js") == "glcomp.js"]
     head = [
         "workload",
         "target",
@@ -194,8 +354,67 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{r['loadMs']:.0f}",
                 f"{r['firstMs']:.0f}",
                 f"{r['ms_median']:.1f} ({r['ms_p10']:.1f}-{r['ms_p90']:.1f})",
-                f"{r['pipelinedMs']:.1f}",
+                "-" if r.get("pipelinedMs") is None else f"{r['pipelinedMs']:.1f}",
                 "-" if mgl is None else f"{mgl:.1f}",
+            ]
+        )
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def peer_table(results: list[dict[str, Any]]) -> str:
+    """glcomp.js against its peers, a row per workload and runtime: ms/step median and p10-p90 of
+    all timed steps of all rounds, draws per step, programs created, first-step ms (median over
+    rounds), the load average over the runs and the ratios peer / glcomp.js (glcomp.js's first
+    target)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["workload"], r["runtime"], r["target"]), []).append(r)
+    base = {}
+    for (name, runtime, _), recs in groups.items():
+        if runtime == "glcomp.js" and name not in base:
+            base[name] = recs
+    head = [
+        "workload",
+        "runtime",
+        "rounds",
+        "ms/step median (p10-p90)",
+        "draws/step",
+        "programs",
+        "1st step ms",
+        "load avg",
+        "ms ratio",
+        "1st step ratio",
+    ]
+
+    def stats(recs: list[dict[str, Any]]) -> tuple[float, float, float, float]:
+        times = [t for r in recs for t in r["times_ms"]]
+        q10, q90 = np.percentile(times, [10, 90])
+        return statistics.median(times), float(q10), float(q90), statistics.median(_first_ms(r) for r in recs)
+
+    rows = []
+    for (name, runtime, target), recs in groups.items():
+        med, q10, q90, first = stats(recs)
+        loads = [r[k] for r in recs for k in ("load_before", "load_after")]
+        ratio = first_ratio = "-"
+        if runtime != "glcomp.js" and name in base:
+            bmed, _, _, bfirst = stats(base[name])
+            ratio, first_ratio = f"{med / bmed:.2f}", f"{first / bfirst:.2f}"
+        rows.append(
+            [
+                name,
+                runtime if runtime != "glcomp.js" else f"glcomp.js ({target})",
+                str(len(recs)),
+                f"{med:.1f} ({q10:.1f}-{q90:.1f})",
+                "/".join(sorted({f"{r['draws']:.0f}" for r in recs})),
+                "/".join(sorted({str(r["programs"]) for r in recs})),
+                f"{first:.0f}",
+                f"{min(loads):.1f}-{max(loads):.1f}",
+                ratio,
+                first_ratio,
             ]
         )
     widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
@@ -216,6 +435,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--gpu", action="store_true", help="let Chromium use the GPU instead of SwiftShader")
     parser.add_argument("--no-moderngl", action="store_true", help="skip the moderngl comparison column")
+    parser.add_argument(
+        "--peers", default="", help=f"peer runtimes beside glcomp.js (comma-separated): {', '.join(PEERS)}"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds over all runs (default 1)")
+    parser.add_argument(
+        "--no-pipelined", action="store_true", help="skip the glcomp.js pipelined (2 in flight) measurement"
+    )
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
@@ -228,12 +454,47 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--targets: webgl2 and/or webgl1")
     if args.steps < 1:
         parser.error("--steps must be positive")
-    results = run(names, targets, args.steps, args.warmup, args.readback, args.gpu, not args.no_moderngl)
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
+    peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
+    if any(p not in PEERS for p in peers):
+        parser.error(f"--peers: choose from {list(PEERS)}")
+    load_start = _load()
+    results = run(
+        names,
+        targets,
+        args.steps,
+        args.warmup,
+        args.readback,
+        args.gpu,
+        not args.no_moderngl,
+        peers=peers,
+        rounds=args.rounds,
+        pipelined=not args.no_pipelined,
+    )
+    load_end = _load()
     if results:
         print(f"# Chromium WebGL renderer: {results[0]['renderer']}", file=sys.stderr)
+    print(
+        f"# load average (1 min): {load_start:.2f} at the start, {load_end:.2f} at the end",
+        file=sys.stderr,
+    )
     print(table(results))
+    if peers or args.rounds > 1:
+        warm = max(1, args.warmup)
+        print(f"\n{args.steps} timed steps after {warm} warm-up steps per run; ratios: peer / glcomp.js\n")
+        print(peer_table(results))
     if args.json:
-        report = {"date": time.strftime("%Y-%m-%d"), "results": results}
+        report = {
+            "date": time.strftime("%Y-%m-%d"),
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "load_average": {"start": load_start, "end": load_end},
+            "steps": args.steps,
+            "warmup": max(1, args.warmup),
+            "rounds": args.rounds,
+            "peers": list(peers),
+            "results": results,
+        }
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -1,0 +1,155 @@
+// The four workloads of benchmarks/bench.py in TensorFlow.js (layers API, WebGL backend), for
+// benchmarks/bench_browser.py --peers tfjs. Same layer shapes, optimizer and learning rate as the
+// glcomp models; weight initialisation is tfjs's own. Images are NHWC (tfjs's native layout) where
+// glcomp's are NCHW: the same number of values per batch, the same convolutions.
+//
+// A timed step mirrors glcomp.js's `await rt.trainStep(batch)`: upload the batch, one
+// `optimizer.minimize(() => loss, true)` (forward, backward, update) and read the loss back
+// (`await loss.data()`, or `loss.dataSync()` with readback "sync").
+//
+// The page must have loaded tf.min.js (global `tf`) and installed the GL call counters of
+// bench_browser.py (globalThis.__glCounts) before `bench` is called.
+
+const WORKLOADS = {
+  // Linear 64-128-64-10, ReLU; batch 64; SGD lr 0.1
+  mlp: {
+    torchShape: [64, 64],
+    xShape: [64, 64],
+    classes: 10,
+    model: (tf) =>
+      tf.sequential({
+        layers: [
+          tf.layers.dense({ inputShape: [64], units: 128, activation: "relu" }),
+          tf.layers.dense({ units: 64, activation: "relu" }),
+          tf.layers.dense({ units: 10 }),
+        ],
+      }),
+    optimizer: (tf) => tf.train.sgd(0.1),
+  },
+  // 1x8x8; 2x (Conv 3x3 pad 1, ReLU, MaxPool 2), Linear 128-10; batch 64; Adam 1e-3
+  cnn: {
+    torchShape: [64, 1, 8, 8],
+    xShape: [64, 8, 8, 1],
+    classes: 10,
+    model: (tf) =>
+      tf.sequential({
+        layers: [
+          tf.layers.conv2d({ inputShape: [8, 8, 1], filters: 16, kernelSize: 3, padding: "same", activation: "relu" }),
+          tf.layers.maxPooling2d({ poolSize: 2 }),
+          tf.layers.conv2d({ filters: 32, kernelSize: 3, padding: "same", activation: "relu" }),
+          tf.layers.maxPooling2d({ poolSize: 2 }),
+          tf.layers.flatten(),
+          tf.layers.dense({ units: 10 }),
+        ],
+      }),
+    optimizer: (tf) => tf.train.adam(1e-3, 0.9, 0.999, 1e-8),
+  },
+  // 3x32x32; Conv 3-16 5x5 stride 2 pad 2, ReLU, Linear 4096-10; batch 16; SGD lr 0.01.
+  // tfjs's "same" padding for stride 2 pads 1 before and 2 after (torch: 2 and 2): same shapes.
+  conv_seed: {
+    torchShape: [16, 3, 32, 32],
+    xShape: [16, 32, 32, 3],
+    classes: 10,
+    model: (tf) =>
+      tf.sequential({
+        layers: [
+          tf.layers.conv2d({
+            inputShape: [32, 32, 3], filters: 16, kernelSize: 5, strides: 2, padding: "same", activation: "relu",
+          }),
+          tf.layers.flatten(),
+          tf.layers.dense({ units: 10 }),
+        ],
+      }),
+    optimizer: (tf) => tf.train.sgd(0.01),
+  },
+  // LSTM(32, 128) over 10 steps, last output, Linear 128-10; batch 32; Adam 1e-3.
+  // recurrentActivation sigmoid as in torch (tfjs's default is hardSigmoid). The recurrent kernel
+  // starts glorotUniform: tfjs's default, orthogonal, runs a QR decomposition on the GPU at model
+  // creation that compiles about 3000 shader programs (two minutes on SwiftShader), which is
+  // initialisation, not training.
+  lstm: {
+    torchShape: [32, 10, 32],
+    xShape: [32, 10, 32],
+    classes: 10,
+    model: (tf) =>
+      tf.sequential({
+        layers: [
+          tf.layers.lstm({
+            inputShape: [10, 32], units: 128, recurrentActivation: "sigmoid", recurrentInitializer: "glorotUniform",
+          }),
+          tf.layers.dense({ units: 10 }),
+        ],
+      }),
+    optimizer: (tf) => tf.train.adam(1e-3, 0.9, 0.999, 1e-8),
+  },
+};
+
+export const NAMES = Object.keys(WORKLOADS);
+
+const product = (shape) => shape.reduce((a, b) => a * b, 1);
+
+/** Train workload `arg.name` on one fixed batch and time it.
+ *  arg: {name, shape (bench.py's torch shape), x: number[], y: number[], warmup, steps, readback}.
+ *  firstMs runs from model creation (after the backend is up) to the end of the first step.
+ *  Returns {backendMs, firstMs, times, draws, programs, links, loss, backend, renderer}. */
+export async function bench(tf, arg) {
+  const w = WORKLOADS[arg.name];
+  if (!w) throw new Error(`tfjs peer: unknown workload ${arg.name}; known: ${NAMES.join(", ")}`);
+  if (JSON.stringify(arg.shape) !== JSON.stringify(w.torchShape)) {
+    throw new Error(`tfjs peer: ${arg.name} input shape is [${arg.shape}] in bench.py, [${w.torchShape}] here`);
+  }
+  if (arg.x.length !== product(w.xShape)) throw new Error(`tfjs peer: ${arg.name}: batch has ${arg.x.length} values`);
+  const counts = globalThis.__glCounts;
+  const xData = Float32Array.from(arg.x);
+  const yData = Int32Array.from(arg.y);
+  const sync = arg.readback === "sync";
+
+  // The WebGL backend creates its context here (SwiftShader counts as a software renderer, which
+  // tfjs refuses unless told otherwise).
+  let t0 = performance.now();
+  tf.env().set("SOFTWARE_WEBGL_ENABLED", true);
+  if (!(await tf.setBackend("webgl"))) throw new Error("tfjs peer: the webgl backend did not initialise");
+  await tf.ready();
+  if (tf.getBackend() !== "webgl") throw new Error(`tfjs peer: backend is ${tf.getBackend()}, not webgl`);
+  const backendMs = performance.now() - t0;
+  const gl = tf.backend().gpgpu.gl;
+  const dbg = gl.getExtension("WEBGL_debug_renderer_info");
+  const renderer = gl.getParameter(dbg ? dbg.UNMASKED_RENDERER_WEBGL : gl.RENDERER);
+
+  t0 = performance.now();
+  const model = w.model(tf);
+  const optimizer = w.optimizer(tf);
+  const vars = model.trainableWeights.map((v) => v.read());
+  const step = async () => {
+    const xs = tf.tensor(xData, w.xShape);
+    const labels = tf.tensor1d(yData, "int32");
+    const ys = tf.oneHot(labels, w.classes);
+    const loss = optimizer.minimize(() => tf.losses.softmaxCrossEntropy(ys, model.apply(xs, { training: true })), true, vars);
+    const value = sync ? loss.dataSync()[0] : (await loss.data())[0];
+    tf.dispose([xs, labels, ys, loss]);
+    return value;
+  };
+
+  await step();
+  const firstMs = performance.now() - t0;
+  for (let i = 1; i < arg.warmup; i++) await step();
+  const times = [];
+  const before = counts.draws;
+  const tensorsBefore = tf.memory().numTensors;
+  let loss = 0;
+  for (let i = 0; i < arg.steps; i++) {
+    const t = performance.now();
+    loss = await step();
+    times.push(performance.now() - t);
+  }
+  const draws = (counts.draws - before) / arg.steps;
+  const leaked = tf.memory().numTensors - tensorsBefore;
+  if (leaked !== 0) throw new Error(`tfjs peer: ${arg.name} leaks ${leaked} tensors per ${arg.steps} steps`);
+  const result = {
+    backendMs, firstMs, times, draws, programs: counts.programs, links: counts.links, loss,
+    backend: tf.getBackend(), renderer, tfjs: tf.version.tfjs,
+  };
+  optimizer.dispose();
+  model.dispose();
+  return result;
+}
