@@ -20,6 +20,7 @@ from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.memplan import Pool, plan_memory
 from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.plan import Kernel, plan_kernels
+from glcomp.codegen.programs import canonical
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.split_wide import split_wide
 from glcomp.codegen.target import Target, make_target
@@ -256,14 +257,17 @@ def _lower_entry(
     draws = []
     for kernel in kernels:
         rendered = renderer.render(kernel, hypers)
-        digest = hashlib.sha256(rendered.source.encode()).hexdigest()[:16]
+        # Kernels that differ only in node ids (each step of a recurrence) share one program.
+        source, renamed = canonical(rendered.source)
+        samplers = [(renamed.get(s, s), n, p) for s, n, p in rendered.samplers]
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         if digest not in by_source:
             pid = f"p{len(programs)}"
             by_source[digest] = pid
-            shaders[f"{pid}.frag"] = rendered.source
+            shaders[f"{pid}.frag"] = source
             programs[pid] = {
                 "fragment": f"{pid}.frag",
-                "samplers": [s for s, _, _ in rendered.samplers],
+                "samplers": [s for s, _, _ in samplers],
                 "uniforms": [u for u, _ in rendered.uniforms],
                 "outputs": len(kernel.roots),
             }
@@ -274,7 +278,7 @@ def _lower_entry(
                 {
                     "kernel": kernel.name,
                     "program": pid,
-                    "samplers": {s: ref(n, p) for s, n, p in rendered.samplers},
+                    "samplers": {s: ref(n, p) for s, n, p in samplers},
                     "uniforms": {u: {"hyper": h} for u, h in rendered.uniforms},
                     "page_offset": page * out.page_texels,
                     "targets": [ref(r, page) for r in written(kernel)],

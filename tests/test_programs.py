@@ -1,0 +1,53 @@
+"""Program sharing: kernels that differ only in node ids share one GLSL program."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import glcomp
+from glcomp import nn, optim
+from glcomp.codegen.bundle import build_bundle
+from glcomp.codegen.programs import canonical
+
+
+class _LastStep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, batch_first=True)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1])
+
+
+def test_canonical_renames_node_ids_consistently() -> None:
+    src = (
+        "// k3_add: nodes %7, %9\n// from fc\n"
+        "float v7(int i0) { return glc_fetch_9(i0, 0) + texture(s9_0, s9_1); }\n"
+    )
+    out, renamed = canonical(src)
+    assert "nodes %" not in out and "// from fc" in out
+    assert "v0(" in out and "glc_fetch_1(" in out and "s1_0" in out and "s1_1" in out
+    assert renamed == {"v7": "v0", "glc_fetch_9": "glc_fetch_1", "s9_0": "s1_0", "s9_1": "s1_1"}
+    other, _ = canonical(src.replace("7", "12").replace("9", "30"))
+    assert other == out
+
+
+def test_recurrence_steps_share_programs(gl_runtime) -> None:
+    glcomp.manual_seed(0)
+    prog = glcomp.compile(
+        _LastStep(), {"x": (2, 12, 3)}, loss=nn.CrossEntropyLoss(), optimizer=optim.SGD(lr=0.1)
+    )
+    bundle = build_bundle(prog)
+    draws = [d for e in bundle.manifest["entries"].values() for d in e["draws"]]
+    programs = bundle.manifest["programs"]
+    # Without sharing every draw of the 12 steps had a program of its own.
+    assert len(programs) < 0.6 * len(draws), (len(programs), len(draws))
+    x = np.random.default_rng(0).normal(size=(2, 12, 3)).astype(np.float32)
+    y = np.array([0, 1])
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=1e-5, atol=1e-6)
+        for _ in range(2):
+            np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=1e-5)
