@@ -21,6 +21,7 @@ from glcomp.codegen.memplan import Pool, plan_memory
 from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.plan import Kernel, plan_kernels
 from glcomp.codegen.render import KernelRenderer, vertex_shader
+from glcomp.codegen.schema import shader_loop_bound
 from glcomp.codegen.target import Target, make_target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
@@ -265,6 +266,9 @@ def _lower_entry(
                 "samplers": [s for s, _, _ in rendered.samplers],
                 "uniforms": [u for u, _ in rendered.uniforms],
                 "outputs": len(kernel.roots),
+                # An upper bound of the loop iterations per fragment, by the analysis loaders
+                # check shaders with (they refuse a shader whose loops may run longer).
+                "loop_iterations": shader_loop_bound(rendered.source, f"shaders/{pid}.frag"),
             }
         pid = by_source[digest]
         out = layouts[kernel.roots[0]]
