@@ -850,7 +850,7 @@ def parse_json(data: bytes, where: str, browser_numbers: bool = True) -> Any:
         return json.loads(
             text,
             parse_float=_json_number if browser_numbers else float,
-            parse_int=_json_int if browser_numbers else int,
+            parse_int=_json_int,
             parse_constant=_no_constant,
         )
     except (ValueError, RecursionError) as err:

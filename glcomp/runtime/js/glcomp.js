@@ -751,7 +751,7 @@ function fileMap(source) {
     const parts = String(path).split(/[\\/]/).filter((p) => p);
     const base = parts[parts.length - 1];
     if (!base) return;
-    if (base === "manifest.json" || base === "weights.safetensors") map.set(base, value);
+    if (base === "manifest.json" || base === "weights.safetensors" || base === PROGRAM_FILE) map.set(base, value);
     else if (SHADER_RE.test(base) && (parts.length === 1 || parts[parts.length - 2] === "shaders")) map.set(`shaders/${base}`, value);
   };
   const isList = Array.isArray(source) || (typeof FileList !== "undefined" && source instanceof FileList);
@@ -801,6 +801,7 @@ export async function loadBundle(source, options = {}) {
   let weightsBuf;
   const shaders = {};
   let getShader;
+  let programBuf;
   if (typeof source === "string" || (typeof URL !== "undefined" && source instanceof URL)) {
     const here = typeof location !== "undefined" ? location.href : undefined;
     let base = String(source);
@@ -818,6 +819,10 @@ export async function loadBundle(source, options = {}) {
     };
     weightsBuf = async () => (await fetchFile(new URL("weights.safetensors", base), "weights.safetensors", false, origins))
       .arrayBuffer();
+    programBuf = async () => {
+      const res = await fetchFile(new URL(PROGRAM_FILE, base), PROGRAM_FILE, true, origins);
+      return res ? res.arrayBuffer() : null;
+    };
   } else if (source && typeof source === "object") {
     const map = fileMap(source);
     for (const f of ["manifest.json", "weights.safetensors"]) {
@@ -828,6 +833,7 @@ export async function loadBundle(source, options = {}) {
       ? new TextEncoder().encode(JSON.stringify(mv)) : await readAsBuffer(mv);
     getShader = async (name) => (map.has(`shaders/${name}`) ? readAsText(map.get(`shaders/${name}`), `shaders/${name}`) : null);
     weightsBuf = async () => readAsBuffer(map.get("weights.safetensors"));
+    programBuf = async () => (map.has(PROGRAM_FILE) ? readAsBuffer(map.get(PROGRAM_FILE)) : null);
   } else {
     throw new GlcompError("Runtime.load: pass a bundle base URL, or an object / array of its files");
   }
@@ -887,6 +893,13 @@ export async function loadBundle(source, options = {}) {
           + "(the file was changed, or comes from another save)");
       }
     };
+    if (Object.hasOwn(manifest.files, PROGRAM_FILE)) {
+      // The IR graphs: only Python runs them, but a bundle Python refuses is refused here too.
+      const bytes = await programBuf();
+      if (bytes === null) throw new GlcompError(`bundle: ${PROGRAM_FILE} is missing`);
+      await check(PROGRAM_FILE, bytes);
+      if (!isObj(parseJson(bytes, PROGRAM_FILE))) throw new GlcompError(`bundle ${PROGRAM_FILE}: must be an object`);
+    }
     await check("weights.safetensors", weightsBytes);
     for (const [name, text] of Object.entries(shaders)) await check(`shaders/${name}`, new TextEncoder().encode(text));
     delete manifest.files;
