@@ -167,7 +167,20 @@ def build_bundle(program: Program) -> Bundle:
                 states,
             )
 
-    textures = {name: {"width": w, "height": h} for name, (w, h) in pool.sizes().items()}
+    # Only textures some draw, input or output names: loaders refuse a bundle declaring others
+    # (a pool texture can lose its last use when draws are merged into blended ones).
+    named = {
+        ref
+        for e in entries.values()
+        for refs in [
+            *e["inputs"].values(),
+            *(o["textures"] for o in e["outputs"].values()),
+            *(list(d["samplers"].values()) + d["targets"] for d in e["draws"]),
+        ]
+        for ref in refs
+        if isinstance(ref, str)
+    }
+    textures = {name: {"width": w, "height": h} for name, (w, h) in pool.sizes().items() if name in named}
     textures |= {name: {"width": w, "height": h} for name, (w, h) in state_sizes.items()}
     peak = sum(16 * t["width"] * t["height"] for t in textures.values())
     inputs = {}
