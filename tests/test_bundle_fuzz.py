@@ -652,3 +652,16 @@ def test_browser_refuses_many_textures_and_reports_gpu_memory(
         and "could not be allocated: out of GPU memory" in got["oom"]
     )
     assert not any(got["live"].values()), got["live"]
+
+
+def test_cli_run_needs_a_predict_entry(
+    good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = _files(good)
+    m, program = json.loads(files["manifest.json"]), json.loads(files["program.json"])
+    del m["entries"]["predict"], program["graphs"]["predict"]
+    d = _write(files | {"manifest.json": _dumps(m), "program.json": _dumps(program)}, tmp_path / "b")
+    glcomp.load(d)  # a valid bundle that can train but not predict
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    assert main(["run", str(d), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npy")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {d}: the bundle has no predict entry point"

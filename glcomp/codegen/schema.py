@@ -3,8 +3,13 @@
 A bundle is untrusted data. Reading checks the format and version, that every file named lies
 inside the bundle directory (no symbolic link inside a bundle is ever followed), that every
 texture, program, sampler and state reference resolves, that layouts are self-consistent, that
-the weights match the declared state shapes, and (format 2) that every file has the sha256 the
-manifest records. Any fault raises GlcompError naming the file and the field at fault.
+the weights match the declared state shapes and dtypes, and (format 2) that every file has the
+sha256 the manifest records. It bounds what a bundle may ask of the GPU before anything is
+allocated: the textures' total size (a budget, 2 GiB by default), no texture unused, and every
+shader loop of the compiler's constant-bounded form, with the iterations per draw within a
+budget. Any fault raises GlcompError naming the file and the field at fault, and nothing else
+(JSON nesting, sizes and counts are bounded too). glcomp.js's loader accepts and rejects the same
+bundles.
 program.json (the IR graphs) is read here as JSON and checked by `Program.from_bundle`.
 """
 
