@@ -325,7 +325,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     import glcomp
 
     feeds = parse_files(args.input)
-    rt = glcomp.load(args.bundle).runtime("gl")
+    prog = glcomp.load(args.bundle)
+    if "predict" not in prog.bundle().manifest["entries"]:
+        raise GlcompError(f"{args.bundle}: the bundle has no predict entry point")
+    rt = prog.runtime("gl")
     m = rt.manifest
     specs = {name: tuple(m["inputs"][name]["shape"]) for name in m["entries"]["predict"]["inputs"]}
     result = predict_batched(rt, specs, feeds)

@@ -456,6 +456,7 @@ def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
     files = {
         "manifest.json": (d / "manifest.json").read_text(),
         "weights.safetensors": base64.b64encode((d / "weights.safetensors").read_bytes()).decode(),
+        "program.json": (d / "program.json").read_text(),
     }
     shaders = {p.name: p.read_text() for p in (d / "shaders").iterdir()}
     x, y = _batches("mlp", seed=5, count=1)[0]
@@ -473,7 +474,7 @@ def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
         """
       const bytes = Uint8Array.from(atob(arg.files["weights.safetensors"]), (c) => c.charCodeAt(0));
       const list = [new File([arg.files["manifest.json"]], "manifest.json"),
-        new File([bytes], "weights.safetensors"),
+        new File([bytes], "weights.safetensors"), new File([arg.files["program.json"]], "program.json"),
         ...Object.entries(arg.shaders).map(([n, s]) => new File([s], n))];
       const rt = await g.Runtime.load(list, { quiet: true });
       const out = {};
@@ -605,7 +606,15 @@ def _blend_bundle(directory: Path) -> Path:
         "counters": {},
         "textures": {"t_in": size, "t_out": dict(size)},
         "vertex_shader": "quad.vert",
-        "programs": {"p0": {"fragment": "p0.frag", "samplers": ["s_x"], "uniforms": ["u_h0"], "outputs": 1}},
+        "programs": {
+            "p0": {
+                "fragment": "p0.frag",
+                "samplers": ["s_x"],
+                "uniforms": ["u_h0"],
+                "outputs": 1,
+                "loop_iterations": 0,
+            }
+        },
         "entries": {
             "predict": {
                 "inputs": {"x": ["t_in"]},

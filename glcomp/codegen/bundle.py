@@ -22,6 +22,7 @@ from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.plan import Kernel, plan_kernels
 from glcomp.codegen.programs import canonical
 from glcomp.codegen.render import KernelRenderer, vertex_shader
+from glcomp.codegen.schema import shader_loop_bound
 from glcomp.codegen.split_wide import split_wide
 from glcomp.codegen.target import Target, make_target
 from glcomp.errors import GlcompError
@@ -168,7 +169,20 @@ def build_bundle(program: Program) -> Bundle:
                 states,
             )
 
-    textures = {name: {"width": w, "height": h} for name, (w, h) in pool.sizes().items()}
+    # Only textures some draw, input or output names: loaders refuse a bundle declaring others
+    # (a pool texture can lose its last use when draws are merged into blended ones).
+    named = {
+        ref
+        for e in entries.values()
+        for refs in [
+            *e["inputs"].values(),
+            *(o["textures"] for o in e["outputs"].values()),
+            *(list(d["samplers"].values()) + d["targets"] for d in e["draws"]),
+        ]
+        for ref in refs
+        if isinstance(ref, str)
+    }
+    textures = {name: {"width": w, "height": h} for name, (w, h) in pool.sizes().items() if name in named}
     textures |= {name: {"width": w, "height": h} for name, (w, h) in state_sizes.items()}
     peak = sum(16 * t["width"] * t["height"] for t in textures.values())
     inputs = {}
@@ -270,6 +284,9 @@ def _lower_entry(
                 "samplers": [s for s, _, _ in samplers],
                 "uniforms": [u for u, _ in rendered.uniforms],
                 "outputs": len(kernel.roots),
+                # An upper bound of the loop iterations per fragment, by the analysis loaders
+                # check shaders with (they refuse a shader whose loops may run longer).
+                "loop_iterations": shader_loop_bound(source, f"shaders/{pid}.frag"),
             }
         pid = by_source[digest]
         out = layouts[kernel.roots[0]]

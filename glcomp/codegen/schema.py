@@ -3,8 +3,13 @@
 A bundle is untrusted data. Reading checks the format and version, that every file named lies
 inside the bundle directory (no symbolic link inside a bundle is ever followed), that every
 texture, program, sampler and state reference resolves, that layouts are self-consistent, that
-the weights match the declared state shapes, and (format 2) that every file has the sha256 the
-manifest records. Any fault raises GlcompError naming the file and the field at fault.
+the weights match the declared state shapes and dtypes, and (format 2) that every file has the
+sha256 the manifest records. It bounds what a bundle may ask of the GPU before anything is
+allocated: the textures' total size (a budget, 2 GiB by default), no texture unused, and every
+shader loop of the compiler's constant-bounded form, with the iterations per draw within a
+budget. Any fault raises GlcompError naming the file and the field at fault, and nothing else
+(JSON nesting, sizes and counts are bounded too). glcomp.js's loader accepts and rejects the same
+bundles.
 program.json (the IR graphs) is read here as JSON and checked by `Program.from_bundle`.
 """
 
@@ -30,14 +35,16 @@ from glcomp.errors import GlcompError
 FORMAT = "glcomp-bundle"
 VERSIONS = (1, 2)  # 2 adds `files` (sha256 of each file) and program.json
 FILES = ("manifest.json", "weights.safetensors")
-_NAME = re.compile(r"^[A-Za-z0-9_.#-]{1,200}$")
-_SHADER = re.compile(r"^[A-Za-z0-9_]{1,64}\.(frag|vert)$")
+_NAME = re.compile(r"[A-Za-z0-9_.#-]{1,200}")  # always used with fullmatch
+_SHADER = re.compile(r"[A-Za-z0-9_]{1,64}\.(frag|vert)")
+_UNIFORM = re.compile(r"[a-z][a-z0-9_]{0,40}")
+ENTRY_POINTS = ("predict", "gradients", "train_step")
 MAX_SIDE = 1 << 16
 
 
 PROGRAM_FILE = "program.json"
 BUNDLE_ENTRIES = ("manifest.json", "weights.safetensors", PROGRAM_FILE, "shaders")
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"[0-9a-f]{64}")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
 _ACTIVE: set[str] = set()  # temporaries of saves running in this process
 _ACTIVE_LOCK = threading.Lock()
@@ -65,7 +72,7 @@ def bundle_files(bundle: Any) -> dict[str, bytes]:
 
     files: dict[str, bytes] = {}
     for name, source in bundle.shaders.items():
-        if not _SHADER.match(name):
+        if not _SHADER.fullmatch(name):
             raise GlcompError(f"refusing to write shader with unsafe name {name!r}")
         files[f"shaders/{name}"] = source.encode("utf-8")
     for name in bundle.weights:
@@ -249,6 +256,21 @@ def _swap_into_place(tmp: Path, directory: Path) -> None:
     raise GlcompError(f"{directory}: could not put the bundle in place (other saves kept replacing it)")
 
 
+DEFAULT_TEXTURE_BUDGET = 2 << 30  # bytes of RGBA32F textures a bundle may declare (2 GiB)
+DEFAULT_LOOP_BUDGET = 1 << 32  # loop iterations one draw may run (bound per fragment x fragments)
+MAX_INT = 1 << 40
+MAX_DIMS = 32  # of a tensor's shape (numpy's limit)
+MAX_PROGRAMS = 4096
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_str_in(v: Any, allowed: Any) -> bool:
+    return isinstance(v, str) and v in allowed
+
+
 class _Check:
     """Collects the context of a failing field so the message says where it is."""
 
@@ -266,39 +288,61 @@ class _Check:
         self.need(isinstance(obj, dict), f"{field} must be an object")
         return obj
 
-    def int(self, obj: Any, field: str, lo: int = 0, hi: int = 1 << 40) -> int:
+    def list(self, obj: Any, field: str) -> list[Any]:
+        self.need(isinstance(obj, list), f"{field} must be a list")
+        return obj
+
+    def int(self, obj: Any, field: str, lo: int = 0, hi: int = MAX_INT) -> int:
         self.need(
-            isinstance(obj, int) and not isinstance(obj, bool) and lo <= obj <= hi,
-            f"{field} must be an integer in [{lo}, {hi}], got {obj!r}",
+            _is_int(obj) and lo <= obj <= hi, f"{field} must be an integer in [{lo}, {hi}], got {_short(obj)}"
         )
         return obj
 
     def name(self, obj: Any, field: str) -> str:
-        self.need(isinstance(obj, str) and bool(_NAME.match(obj)), f"{field} has an invalid name {obj!r}")
+        self.need(
+            isinstance(obj, str) and bool(_NAME.fullmatch(obj)), f"{field} has an invalid name {_short(obj)}"
+        )
         return obj
 
     def state_name(self, obj: Any, field: str) -> str:
-        self.need(state_name_ok(obj), f"{field} has an invalid name {obj!r}")
+        self.need(state_name_ok(obj), f"{field} has an invalid name {_short(obj)}")
         return obj
+
+
+def _short(v: Any) -> str:
+    """repr of `v`, cut short (a hostile manifest may hold huge or deeply nested values)."""
+    try:
+        text = json.dumps(v) if not isinstance(v, str) else repr(v)
+    except (ValueError, TypeError, RecursionError):
+        text = type(v).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+LAYOUT_KEYS = ("height", "pages", "row_len", "row_texels", "rows", "shape", "texels", "width")
 
 
 def check_layout(c: _Check, lay: Any, field: str, shape: Any = None) -> dict[str, Any]:
     lay = c.dict(lay, field)
-    keys = {"shape", "rows", "row_len", "row_texels", "texels", "width", "height", "pages"}
-    c.need(set(lay) == keys, f"{field} must have exactly the keys {sorted(keys)}")
+    c.need(sorted(lay) == list(LAYOUT_KEYS), f"{field} must have exactly the keys {list(LAYOUT_KEYS)}")
     c.need(
-        isinstance(lay["shape"], list) and all(isinstance(s, int) and s >= 0 for s in lay["shape"]),
-        f"{field}.shape must be a list of sizes",
+        isinstance(lay["shape"], list)
+        and len(lay["shape"]) <= MAX_DIMS
+        and all(_is_int(s) and s >= 0 for s in lay["shape"]),
+        f"{field}.shape must be a list of at most {MAX_DIMS} sizes",
     )
     if shape is not None:
-        c.need(list(shape) == lay["shape"], f"{field}.shape {lay['shape']} != {list(shape)}")
-    for k in keys - {"shape"}:
-        c.int(lay[k], f"{field}.{k}", 1 if k not in ("rows", "row_len") else 0, 1 << 40)
+        c.need(
+            isinstance(shape, list) and shape == lay["shape"],
+            f"{field}.shape {lay['shape']} != {_short(shape)}",
+        )
+    for k in LAYOUT_KEYS:
+        if k != "shape":
+            c.int(lay[k], f"{field}.{k}", 0 if k in ("rows", "row_len") else 1, MAX_INT)
     shape = lay["shape"]
     rows = math.prod(shape[:-1]) if shape else 1
     row_len = shape[-1] if shape else 1
     c.need(lay["rows"] == rows and lay["row_len"] == row_len, f"{field} rows/row_len disagree with shape")
-    c.need(lay["row_texels"] == max(1, math.ceil(row_len / 4)), f"{field}.row_texels is wrong")
+    c.need(lay["row_texels"] == max(1, -(-row_len // 4)), f"{field}.row_texels is wrong")
     c.need(lay["texels"] == max(1, rows * lay["row_texels"]), f"{field}.texels is wrong")
     for side in ("width", "height"):
         v = lay[side]
@@ -307,13 +351,32 @@ def check_layout(c: _Check, lay: Any, field: str, shape: Any = None) -> dict[str
     return lay
 
 
-def validate_manifest(m: Any, shader_names: set[str]) -> None:
-    """Raise GlcompError for anything in a manifest that does not fit the schema."""
+def texture_bytes(manifest: dict[str, Any]) -> int:
+    """Bytes of GPU memory the (validated) manifest's RGBA32F textures take."""
+    return sum(16 * t["width"] * t["height"] for t in manifest["textures"].values())
+
+
+def validate_manifest(
+    m: Any,
+    shader_names: set[str],
+    *,
+    texture_budget_bytes: int = DEFAULT_TEXTURE_BUDGET,
+    loop_budget: int = DEFAULT_LOOP_BUDGET,
+) -> None:
+    """Raise GlcompError for anything in a manifest that does not fit the schema; never raises
+    anything else, whatever `m` holds. The browser runtime's validateManifest accepts and rejects
+    exactly the same manifests. Beyond the structure it checks resources before anything is
+    allocated: the textures' total size (16 bytes a texel) is at most `texture_budget_bytes`,
+    every texture is used by a state, an entry's inputs or outputs, or a draw, and every draw's
+    declared loop iterations (its program's ``loop_iterations`` per fragment times the viewport's
+    fragments) are at most `loop_budget`."""
     c = _Check("manifest.json")
     m = c.dict(m, "manifest")
-    c.need(m.get("format") == FORMAT, f"format must be {FORMAT!r}, got {m.get('format')!r}")
+    c.need(m.get("format") == FORMAT, f"format must be {FORMAT!r}, got {_short(m.get('format'))}")
+    version = m.get("version")
     c.need(
-        m.get("version") in VERSIONS, f"unknown format version {m.get('version')!r} (supported: {VERSIONS})"
+        _is_int(version) and version in VERSIONS,
+        f"unknown format version {_short(version)} (supported: {VERSIONS})",
     )
     required = {
         "target",
@@ -330,22 +393,37 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
     missing = required - set(m)
     c.need(not missing, f"missing fields {sorted(missing)}")
     target = c.dict(m["target"], "target")
-    c.need(target.get("glsl_version") in ("300 es", "100"), "target.glsl_version must be '300 es' or '100'")
+    c.need(
+        _is_str_in(target.get("glsl_version"), ("300 es", "100")),
+        "target.glsl_version must be '300 es' or '100'",
+    )
     max_size = c.int(target.get("max_texture_size"), "target.max_texture_size", 1, MAX_SIDE)
 
     textures = c.dict(m["textures"], "textures")
+    total = 0
     for name, tex in textures.items():
         c.name(name, "texture")
         tex = c.dict(tex, f"textures.{name}")
         for side in ("width", "height"):
             v = c.int(tex.get(side), f"textures.{name}.{side}", 1, max_size)
             c.need(v & (v - 1) == 0, f"textures.{name}.{side} must be a power of two")
+        total += 16 * tex["width"] * tex["height"]
+    c.need(
+        total <= texture_budget_bytes,
+        f"the textures take {total} bytes, more than the budget of {texture_budget_bytes} bytes",
+    )
+    used: set[str] = set()
 
     states = c.dict(m["states"], "states")
+    owner: dict[str, str] = {}
     for name, st in states.items():
         c.state_name(name, "state")
         st = c.dict(st, f"states.{name}")
         lay = check_layout(c, st.get("layout"), f"states.{name}.layout")
+        c.need(
+            _is_str_in(st.get("role"), ("param", "buffer", "state")),
+            f"states.{name}.role must be 'param', 'buffer' or 'state'",
+        )
         sets = st.get("textures")
         c.need(isinstance(sets, list) and len(sets) == 2, f"states.{name}.textures must hold two sets")
         for group in sets:
@@ -354,67 +432,101 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
                 f"states.{name}.textures: one texture per page expected",
             )
             for t in group:
-                c.need(t in textures, f"states.{name} refers to unknown texture {t!r}")
+                c.need(_is_str_in(t, textures), f"states.{name} refers to unknown texture {_short(t)}")
                 c.need(
                     textures[t] == {"width": lay["width"], "height": lay["height"]},
                     f"states.{name}: texture {t!r} has the wrong size",
                 )
-    for name, spec in c.dict(m["inputs"], "inputs").items():
+                c.need(
+                    t not in owner, f"states.{name}: texture {t!r} is used twice by the state texture sets"
+                )
+                owner[t] = name
+    used |= set(owner)
+    inputs = c.dict(m["inputs"], "inputs")
+    for name, spec in inputs.items():
         c.name(name, "input")
         spec = c.dict(spec, f"inputs.{name}")
-        check_layout(c, spec.get("layout"), f"inputs.{name}.layout", spec.get("shape"))
-    for name, value in c.dict(m["hyper"], "hyper").items():
+        c.need(isinstance(spec.get("shape"), list), f"inputs.{name}.shape must be a list of sizes")
+        check_layout(c, spec.get("layout"), f"inputs.{name}.layout", spec["shape"])
+        if spec.get("num_classes") is not None:
+            c.int(spec["num_classes"], f"inputs.{name}.num_classes", 1)
+    hyper = c.dict(m["hyper"], "hyper")
+    for name, value in hyper.items():
         c.name(name, "hyper")
-        c.need(isinstance(value, int | float) and math.isfinite(value), f"hyper.{name} must be a number")
-    for name, value in c.dict(m["counters"], "counters").items():
+        c.need(
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
+            f"hyper.{name} must be a number",
+        )
+    counters = c.dict(m["counters"], "counters")
+    for name, value in counters.items():
         c.state_name(name, "counter")
         c.int(value, f"counters.{name}", 0)
-    c.need(m["vertex_shader"] in shader_names, f"vertex shader {m['vertex_shader']!r} is missing")
+        c.need(name not in states, f"counters.{name} has the name of a state")
+    c.need(
+        _is_str_in(m["vertex_shader"], shader_names), f"vertex shader {_short(m['vertex_shader'])} is missing"
+    )
     programs = c.dict(m["programs"], "programs")
     for pid, prog in programs.items():
         c.name(pid, "program")
         prog = c.dict(prog, f"programs.{pid}")
         c.need(
-            prog.get("fragment") in shader_names,
-            f"programs.{pid}: shader {prog.get('fragment')!r} is missing",
+            _is_str_in(prog.get("fragment"), shader_names),
+            f"programs.{pid}: shader {_short(prog.get('fragment'))} is missing",
         )
-        for s in prog.get("samplers", []) + prog.get("uniforms", []):
+        for key in ("samplers", "uniforms"):
+            c.list(prog.get(key), f"programs.{pid}.{key}")
+        names = prog["samplers"] + prog["uniforms"]
+        for s in names:
             c.need(
-                isinstance(s, str) and re.match(r"^[a-z][a-z0-9_]{0,40}$", s) is not None,
-                f"programs.{pid}: bad uniform name {s!r}",
+                isinstance(s, str) and _UNIFORM.fullmatch(s) is not None,
+                f"programs.{pid}: bad uniform name {_short(s)}",
             )
+        c.need(len(set(names)) == len(names), f"programs.{pid}: a uniform name appears twice")
         c.int(prog.get("outputs"), f"programs.{pid}.outputs", 1, 16)
-
-    state_textures = {t for st in states.values() for group in st["textures"] for t in group}
+        c.int(prog.get("loop_iterations"), f"programs.{pid}.loop_iterations", 0, MAX_INT)
 
     def check_ref(ref: Any, field: str) -> tuple[int, int]:
         if isinstance(ref, str):
             c.need(ref in textures, f"{field} refers to unknown texture {ref!r}")
             # Which set of a state is current flips every update: only a state reference says.
-            c.need(ref not in state_textures, f"{field} names state texture {ref!r} directly")
+            c.need(ref not in owner, f"{field} names state texture {ref!r} directly")
+            used.add(ref)
             return textures[ref]["width"], textures[ref]["height"]
         ref = c.dict(ref, field)
-        c.need(ref.get("state") in states, f"{field} refers to unknown state {ref.get('state')!r}")
-        c.need(ref.get("version") in ("cur", "next"), f"{field}.version must be 'cur' or 'next'")
+        c.need(
+            _is_str_in(ref.get("state"), states),
+            f"{field} refers to unknown state {_short(ref.get('state'))}",
+        )
+        c.need(_is_str_in(ref.get("version"), ("cur", "next")), f"{field}.version must be 'cur' or 'next'")
         lay = states[ref["state"]]["layout"]
         c.int(ref.get("page"), f"{field}.page", 0, lay["pages"] - 1)
+        c.need(
+            sorted(ref) == ["page", "state", "version"],
+            f"{field} must have exactly the keys ['page', 'state', 'version']",
+        )
         return lay["width"], lay["height"]
 
+    def ref_key(r: Any) -> str:
+        return json.dumps(r) if isinstance(r, str) else json.dumps([r["page"], r["state"], r["version"]])
+
     entries = c.dict(m["entries"], "entries")
-    c.need(set(entries) <= {"predict", "gradients", "train_step"}, f"unknown entry points {sorted(entries)}")
+    c.need(set(entries) <= set(ENTRY_POINTS), f"unknown entry points {sorted(entries)}")
     for entry, e in entries.items():
         e = c.dict(e, f"entries.{entry}")
         for name, refs in c.dict(e.get("inputs"), f"entries.{entry}.inputs").items():
-            c.need(name in m["inputs"], f"entries.{entry}: unknown input {name!r}")
+            c.need(name in inputs, f"entries.{entry}: unknown input {name!r}")
+            lay = inputs[name]["layout"]
             c.need(
-                isinstance(refs, list) and len(refs) == m["inputs"][name]["layout"]["pages"],
+                isinstance(refs, list) and len(refs) == lay["pages"],
                 f"entries.{entry}.inputs.{name}: one texture per page expected",
             )
-            lay = m["inputs"][name]["layout"]
             for r in refs:
                 size = check_ref(r, f"entries.{entry}.inputs.{name}")
                 want = (lay["width"], lay["height"])
-                c.need(size == want, f"entries.{entry}.inputs.{name}: a texture's size is not {want}")
+                c.need(
+                    size == want,
+                    f"entries.{entry}.inputs.{name}: a texture's size is not {want}",
+                )
         for name, out in c.dict(e.get("outputs"), f"entries.{entry}.outputs").items():
             c.state_name(name, f"entries.{entry}.outputs")
             out = c.dict(out, f"entries.{entry}.outputs.{name}")
@@ -426,16 +538,19 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
             for r in out["textures"]:
                 size = check_ref(r, f"entries.{entry}.outputs.{name}")
                 want = (lay["width"], lay["height"])
-                c.need(size == want, f"entries.{entry}.outputs.{name}: a texture's size is not {want}")
-        for name in e.get("updates", []):
-            c.need(name in states, f"entries.{entry}.updates: unknown state {name!r}")
-        draws = e.get("draws")
-        c.need(isinstance(draws, list), f"entries.{entry}.draws must be a list")
+                c.need(
+                    size == want,
+                    f"entries.{entry}.outputs.{name}: a texture's size is not {want}",
+                )
+        updates = c.list(e.get("updates", []), f"entries.{entry}.updates")
+        for name in updates:
+            c.need(_is_str_in(name, states), f"entries.{entry}.updates: unknown state {_short(name)}")
+        draws = c.list(e.get("draws"), f"entries.{entry}.draws")
         for i, d in enumerate(draws):
             field = f"entries.{entry}.draws[{i}]"
             d = c.dict(d, field)
-            prog = programs.get(d.get("program"))
-            c.need(prog is not None, f"{field} refers to unknown program {d.get('program')!r}")
+            prog = programs[d["program"]] if _is_str_in(d.get("program"), programs) else None
+            c.need(prog is not None, f"{field} refers to unknown program {_short(d.get('program'))}")
             samplers = c.dict(d.get("samplers"), f"{field}.samplers")
             c.need(
                 sorted(samplers) == sorted(prog["samplers"]), f"{field}: samplers do not match the program"
@@ -448,7 +563,7 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
             )
             for u, src in uniforms.items():
                 c.need(
-                    isinstance(src, dict) and src.get("hyper") in m["hyper"],
+                    isinstance(src, dict) and _is_str_in(src.get("hyper"), hyper),
                     f"{field}.uniforms.{u} must name a hyper-parameter",
                 )
             targets = d.get("targets")
@@ -459,34 +574,176 @@ def validate_manifest(m: Any, shader_names: set[str]) -> None:
             sizes = {check_ref(r, f"{field}.targets") for r in targets}
             vp = d.get("viewport")
             c.need(
-                isinstance(vp, list) and len(vp) == 2 and all(isinstance(v, int) for v in vp),
+                isinstance(vp, list) and len(vp) == 2 and all(_is_int(v) for v in vp),
                 f"{field}.viewport must be [width, height]",
             )
             c.need(sizes == {tuple(vp)}, f"{field}: render targets must all match the viewport size")
-            read = {json.dumps(r, sort_keys=True) for r in samplers.values()}
+            read = {ref_key(r) for r in samplers.values()}
+            c.need(not any(ref_key(r) in read for r in targets), f"{field} samples a texture it renders to")
             c.need(
-                not read & {json.dumps(r, sort_keys=True) for r in targets},
-                f"{field} samples a texture it renders to",
+                len({ref_key(r) for r in targets}) == len(targets), f"{field} renders to one texture twice"
             )
             c.int(d.get("page_offset"), f"{field}.page_offset", 0)
-            c.need(d.get("blend", False) in (True, False), f"{field}.blend must be a boolean")
-    if m["version"] >= 2 or "files" in m:
+            blend = d.get("blend", False)
+            c.need(blend is True or blend is False, f"{field}.blend must be a boolean")
+            c.need("kernel" not in d or isinstance(d["kernel"], str), f"{field}.kernel must be a string")
+            work = prog["loop_iterations"] * vp[0] * vp[1]
+            c.need(
+                work <= loop_budget,
+                f"{field} may run {work} loop iterations ({prog['loop_iterations']} per fragment), more "
+                f"than the budget of {loop_budget} per draw",
+            )
+    unused = sorted(set(textures) - used)
+    c.need(not unused, f"textures {_short(unused)} are used by no state, input, output or draw")
+    if version >= 2 or "files" in m:
         hashes = c.dict(m.get("files"), "files")
         for path, digest in hashes.items():
-            folder, _, base = path.rpartition("/") if isinstance(path, str) else ("", "", "")
+            folder, _, base = path.rpartition("/")
             c.need(
                 path in ("weights.safetensors", PROGRAM_FILE)
-                or (folder == "shaders" and bool(_SHADER.match(base))),
+                or (folder == "shaders" and bool(_SHADER.fullmatch(base))),
                 f"files: unexpected file {path!r}",
             )
             c.need(
-                isinstance(digest, str) and bool(_HEX.match(digest)), f"files.{path}: not a sha256 hex digest"
+                isinstance(digest, str) and bool(_HEX.fullmatch(digest)),
+                f"files.{path}: not a sha256 hex digest",
             )
-        shaders = {m["vertex_shader"]} | {
-            p.get("fragment") for p in m["programs"].values() if isinstance(p, dict)
-        }
-        for path in ["weights.safetensors"] + [f"shaders/{n}" for n in sorted(shaders, key=str)]:
+        shaders = {m["vertex_shader"]} | {p["fragment"] for p in programs.values()}
+        for path in ["weights.safetensors"] + [f"shaders/{n}" for n in sorted(shaders)]:
             c.need(path in hashes, f"files: no sha256 for {path}")
+
+
+# -- loops in shaders: every one constant-bounded, with an upper bound of iterations ---------------
+_COMMENT = re.compile(r"//[^\n]*|/\*(?:.|\n)*?\*/")
+_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[^ \t\r\n]")
+_FOR = re.compile(
+    r"for[ \t\r\n]*\([ \t\r\n]*int[ \t\r\n]+([A-Za-z_][A-Za-z0-9_]*)[ \t\r\n]*=[ \t\r\n]*0[ \t\r\n]*;"
+    r"[ \t\r\n]*\1[ \t\r\n]*<[ \t\r\n]*([0-9]{1,9})[ \t\r\n]*;[ \t\r\n]*\1[ \t\r\n]*\+\+[ \t\r\n]*\)"
+    r"[ \t\r\n]*\{"
+)
+_WRITE_AFTER = re.compile(r"[ \t\r\n]*(?:[-+*/%&|^]?=(?!=)|<<=|>>=|\+\+|--)")
+_WRITE_BEFORE = re.compile(r"(?:\+\+|--)[ \t\r\n]*$")
+_DIRECTIVE = re.compile(
+    r"#[ \t]*(?:version[ \t]+(?:100|300[ \t]+es)|extension[ \t]+[A-Za-z0-9_]+[ \t]*:[ \t]*[a-z]+)"
+)
+_CODE_CHARS = re.compile(r"[ -~\t\r\n]*")
+MAX_SHADER_CHARS = 1 << 20
+
+
+def shader_loop_bound(source: str, where: str) -> int:
+    """An upper bound of the loop iterations one invocation of `source`'s ``main`` runs.
+
+    Refuses (GlcompError naming `where`) any loop that is not of the constant-bounded form the
+    compiler emits, ``for (int v = 0; v < N; v++) {``, or that writes ``v`` in its body; any
+    ``while`` or ``do``; any preprocessor directive but ``#version`` and ``#extension``;
+    backslashes (line continuations could hide code from this analysis); characters other than
+    printable ASCII outside comments; and any call of a function not defined above the caller
+    (so no recursion). Nested loops multiply; a call adds the callee's bound times the
+    iterations around it. The browser runtime's shaderLoopBound computes the same numbers.
+    """
+
+    def fail(msg: str, pos: int | None = None) -> GlcompError:
+        at = "" if pos is None else f"line {text.count(chr(10), 0, pos) + 1}: "
+        return GlcompError(f"bundle {where}: {at}{msg}")
+
+    text = source
+    if len(source) > MAX_SHADER_CHARS:
+        raise fail(f"the shader is longer than {MAX_SHADER_CHARS} characters")
+    if "\\" in source:
+        raise fail("backslashes (line continuations) are not allowed in shaders")
+    text = _COMMENT.sub(lambda mt: re.sub(r"[^\n]", " ", mt[0]), source)
+    if "/*" in text:
+        raise fail("unterminated comment")
+    if not _CODE_CHARS.fullmatch(text):
+        raise fail("characters other than printable ASCII outside comments")
+    for line in text.split("\n"):
+        line = line.strip(" \t\r")
+        if line.startswith("#") and not _DIRECTIVE.fullmatch(line.rstrip(" \t")):
+            raise fail(f"preprocessor directive {line[:60]!r} is not allowed")
+    tokens = [(mt[0], mt.start()) for mt in _TOKEN.finditer(text)]
+    defined: set[str] = set()  # functions: NAME ( ... ) { at the top level
+    depth = 0
+    last_name = ""
+    for i, (tok, _) in enumerate(tokens):
+        if tok == "{":
+            if depth == 0 and i > 0 and tokens[i - 1][0] == ")":
+                defined.add(last_name)
+            depth += 1
+        elif tok == "}":
+            depth -= 1
+        elif depth == 0 and i + 1 < len(tokens) and tokens[i + 1][0] == "(":
+            last_name = tok
+    bounds: dict[str, int] = {}
+    depth = 0
+    func: str | None = None
+    last_name = ""
+    total = 0
+    loops: list[tuple[str, int, int]] = []  # (variable, iterations including this loop's, depth)
+    i = 0
+    while i < len(tokens):
+        tok, pos = tokens[i]
+        mult = loops[-1][1] if loops else 1
+        nxt = tokens[i + 1][0] if i + 1 < len(tokens) else ""
+        if tok in ("while", "do"):
+            raise fail(f"{tok} loops are not allowed", pos)
+        if tok == "for":
+            found = _FOR.match(text, pos)
+            if func is None or found is None:
+                raise fail("a loop not of the form 'for (int v = 0; v < N; v++) {'", pos)
+            n = int(found[2])
+            total += mult * n
+            depth += 1
+            loops.append((found[1], mult * n, depth))
+            while i < len(tokens) and tokens[i][1] < found.end():
+                i += 1
+            continue
+        if tok == "{":
+            depth += 1
+            if depth == 1:
+                func = last_name if i > 0 and tokens[i - 1][0] == ")" else None
+                total = 0
+        elif tok == "}":
+            if loops and loops[-1][2] == depth:
+                loops.pop()
+            depth -= 1
+            if depth < 0:
+                raise fail("unbalanced braces", pos)
+            if depth == 0 and func is not None:
+                bounds[func] = total
+                func = None
+        elif tok[0].isalpha() or tok[0] == "_":
+            if depth == 0 and nxt == "(":
+                last_name = tok
+            elif depth > 0 and nxt == "(" and tok in defined:
+                if tok not in bounds:
+                    raise fail(f"{tok} is called before its definition ends (recursion is not allowed)", pos)
+                total += mult * bounds[tok]
+            for var, _, _ in loops:
+                if tok == var and (
+                    _WRITE_AFTER.match(text, pos + len(tok))
+                    or _WRITE_BEFORE.search(text[max(0, pos - 16) : pos])
+                ):
+                    raise fail(f"the loop variable {var} is written in its loop", pos)
+        i += 1
+    if depth != 0:
+        raise fail("unbalanced braces")
+    return bounds.get("main", 0)
+
+
+def check_shaders(manifest: dict[str, Any], shaders: dict[str, str]) -> None:
+    """Check every shader's loops (see `shader_loop_bound`) against the validated `manifest`:
+    the vertex shader runs no loop, and each program's fragment shader at most the
+    ``loop_iterations`` its program declares (per fragment)."""
+    vert = manifest["vertex_shader"]
+    if shader_loop_bound(shaders[vert], f"shaders/{vert}") != 0:
+        raise GlcompError(f"bundle shaders/{vert}: the vertex shader must not loop")
+    for pid, prog in manifest["programs"].items():
+        bound = shader_loop_bound(shaders[prog["fragment"]], f"shaders/{prog['fragment']}")
+        if bound > prog["loop_iterations"]:
+            raise GlcompError(
+                f"bundle shaders/{prog['fragment']}: its loops may run {bound} iterations per fragment, "
+                f"more than the {prog['loop_iterations']} manifest.json declares for program {pid}"
+            )
 
 
 class _Reader:
@@ -554,20 +811,144 @@ class _Reader:
             return f.read()
 
 
-def read_bundle(directory: Path) -> Any:
+MAX_JSON_BYTES = 64 << 20  # manifest.json, and a weights file's header
+MAX_JSON_DEPTH = 64
+_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+# Weights dtypes the runtimes take: float states, integer counters (as the browser runtime).
+STATE_DTYPES = {"F32": "<f4", "F64": "<f8"}
+COUNTER_DTYPES = {"I32": "<i4", "I64": "<i8"}
+_DTYPE_SIZES = {"F32": 4, "F64": 8, "I32": 4, "I64": 8}
+
+
+def _json_number(text: str) -> Any:
+    """JSON numbers as the browser reads them: one kind of number, so 2.0 is the integer 2, and
+    numbers too large for a double are infinite."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
+def _json_int(text: str) -> Any:
+    return int(text) if len(text) <= 300 else float(text)
+
+
+def parse_json(data: bytes, where: str, browser_numbers: bool = True) -> Any:
+    """Parse untrusted JSON bytes as the browser runtime does (UTF-8, no NaN/Infinity literals,
+    integral numbers are integers), refusing more than MAX_JSON_BYTES or MAX_JSON_DEPTH levels of
+    nesting; any fault is a GlcompError naming `where`. ``browser_numbers=False`` keeps Python's
+    reading of numbers (2.0 a float), for files only Python reads (program.json)."""
+    if len(data) > MAX_JSON_BYTES:
+        raise GlcompError(f"bundle {where}: larger than {MAX_JSON_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise GlcompError(f"bundle {where}: not valid JSON ({err})") from None
+    depth = 0
+    for mt in _JSON_NESTING.finditer(text):
+        token = mt[0]
+        if token in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise GlcompError(f"bundle {where}: nested deeper than {MAX_JSON_DEPTH} levels")
+        elif token in "]}":
+            depth -= 1
+    try:
+        return json.loads(
+            text,
+            parse_float=_json_number if browser_numbers else float,
+            parse_int=_json_int,
+            parse_constant=_no_constant,
+        )
+    except (ValueError, RecursionError) as err:
+        raise GlcompError(f"bundle {where}: not valid JSON ({err})") from None
+
+
+def parse_safetensors(data: bytes, where: str = "weights.safetensors") -> dict[str, np.ndarray]:
+    """Parse a safetensors file strictly, exactly as the browser runtime's parseSafetensors: a
+    header of at most MAX_JSON_BYTES, dtypes F32, F64, I32 or I64 only, shapes of sizes,
+    offsets inside the file that neither overlap nor leave gaps. GlcompError naming `where`
+    (and the tensor) otherwise. The arrays returned are copies, little-endian."""
+
+    def fail(msg: str) -> GlcompError:
+        return GlcompError(f"bundle {where}: unreadable ({msg})")
+
+    if len(data) < 8:
+        raise fail("file shorter than its 8-byte header length")
+    length = int.from_bytes(data[:8], "little")
+    if length > len(data) - 8 or length > 100_000_000:
+        raise fail(f"header length {length} exceeds the file size {len(data)}")
+    header = parse_json(data[8 : 8 + length], f"{where} header")
+    if not isinstance(header, dict):
+        raise fail("header is not a JSON object")
+    start = 8 + length
+    size = len(data) - start
+    spans = []
+    out: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise fail("bad __metadata__")
+            continue
+        if not isinstance(info, dict):
+            raise fail(f"entry {name!r} is not an object")
+        dtype = info.get("dtype")
+        if not isinstance(dtype, str) or dtype not in _DTYPE_SIZES:
+            raise fail(
+                f"tensor {name!r} has unsupported dtype {_short(dtype)} (F32, F64, I32 or I64 expected)"
+            )
+        shape, offs = info.get("shape"), info.get("data_offsets")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_DIMS
+            or not all(_is_int(s) and s >= 0 for s in shape)
+        ):
+            raise fail(f"tensor {name!r} has a bad shape")
+        if (
+            not isinstance(offs, list)
+            or len(offs) != 2
+            or not all(_is_int(o) and o >= 0 for o in offs)
+            or offs[1] < offs[0]
+            or offs[1] > size
+        ):
+            raise fail(f"tensor {name!r} has data offsets outside the file")
+        n = math.prod(shape)
+        if offs[1] - offs[0] != n * _DTYPE_SIZES[dtype]:
+            raise fail(f"tensor {name!r}: {offs[1] - offs[0]} bytes for shape {tuple(shape)}")
+        spans.append((offs[0], offs[1]))
+        np_dtype = {**STATE_DTYPES, **COUNTER_DTYPES}[dtype]
+        try:
+            out[name] = np.frombuffer(data, np_dtype, n, start + offs[0]).reshape(shape).copy()
+        except (ValueError, OverflowError) as err:
+            raise fail(f"tensor {name!r}: {err}") from None
+    end = 0
+    for b, e in sorted(spans):
+        if b != end:
+            raise fail("tensor data overlaps or leaves gaps")
+        end = e
+    if end != size:
+        raise fail("the file holds bytes no tensor covers")
+    return out
+
+
+def read_bundle(
+    directory: Path,
+    *,
+    texture_budget_bytes: int = DEFAULT_TEXTURE_BUDGET,
+    loop_budget: int = DEFAULT_LOOP_BUDGET,
+) -> Any:
     """Read and validate the bundle in `directory`; see the module docstring. Returns a Bundle
-    whose manifest no longer holds ``files`` (those hashes describe the files on disk)."""
+    whose manifest no longer holds ``files`` (those hashes describe the files on disk).
+
+    Guarantees: any fault in the files (whatever they hold) raises GlcompError naming the file,
+    and nothing else; the textures declared fit `texture_budget_bytes` and each draw's loop
+    iterations `loop_budget` (see `validate_manifest` and `check_shaders`)."""
     reader = _Reader(directory)
     try:
-        return _read(reader)
+        return _read(reader, texture_budget_bytes, loop_budget)
     finally:
         reader.close()
 
 
-def _read(reader: _Reader) -> Any:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load
-
+def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
     from glcomp.codegen.bundle import Bundle
 
     directory = reader.directory
@@ -577,35 +958,37 @@ def _read(reader: _Reader) -> Any:
         if data is None:
             raise GlcompError(f"bundle {directory}: {f} is missing")
         raw[f] = data
-    try:
-        manifest = json.loads(raw["manifest.json"].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise GlcompError(f"bundle manifest.json: not valid JSON ({err})") from None
+    manifest = parse_json(raw["manifest.json"], "manifest.json")
     names: set[str] = set()
     if isinstance(manifest, dict):
+        programs = manifest.get("programs")
         wanted = [manifest.get("vertex_shader")]
         wanted += [
-            p.get("fragment") for p in (manifest.get("programs") or {}).values() if isinstance(p, dict)
+            p.get("fragment")
+            for p in (programs.values() if isinstance(programs, dict) else ())
+            if isinstance(p, dict)
         ]
+        if len(wanted) > MAX_PROGRAMS + 1:
+            raise GlcompError(f"bundle manifest.json: more than {MAX_PROGRAMS} programs")
         for name in wanted:
-            if not isinstance(name, str) or not _SHADER.match(name):
-                raise GlcompError(f"bundle manifest.json: shader name {name!r} is not a plain file name")
-            if name not in names:
-                data = reader.read(f"shaders/{name}")
-                if data is not None:
-                    raw[f"shaders/{name}"] = data
-                    names.add(name)
-    validate_manifest(manifest, names)
+            if not isinstance(name, str) or not _SHADER.fullmatch(name):
+                raise GlcompError(
+                    f"bundle manifest.json: shader name {_short(name)} is not a plain file name"
+                )
+        for name in dict.fromkeys(wanted):
+            data = reader.read(f"shaders/{name}")
+            if data is not None:
+                raw[f"shaders/{name}"] = data
+                names.add(name)
+    validate_manifest(manifest, names, texture_budget_bytes=texture_budget_bytes, loop_budget=loop_budget)
     shaders = {}
     for n in names:
         try:
             shaders[n] = raw[f"shaders/{n}"].decode("utf-8")
         except UnicodeDecodeError:
             raise GlcompError(f"bundle shaders/{n}: not UTF-8 text") from None
-    try:
-        weights = load(raw["weights.safetensors"])
-    except (SafetensorError, OSError, ValueError) as err:
-        raise GlcompError(f"bundle weights.safetensors: unreadable ({err})") from None
+    check_shaders(manifest, shaders)
+    weights = parse_safetensors(raw["weights.safetensors"])
     expected = {k: tuple(v["layout"]["shape"]) for k, v in manifest["states"].items()}
     expected |= {k: () for k in manifest["counters"]}
     missing = sorted(set(expected) - set(weights))
@@ -617,8 +1000,15 @@ def _read(reader: _Reader) -> Any:
             raise GlcompError(
                 f"bundle weights.safetensors: {k!r} has shape {weights[k].shape}, expected {shape}"
             )
+        kind, allowed = ("counter", COUNTER_DTYPES) if k in manifest["counters"] else ("state", STATE_DTYPES)
+        if weights[k].dtype.str not in allowed.values():
+            raise GlcompError(
+                f"bundle weights.safetensors: tensor {k!r} is {weights[k].dtype}; a {kind} must be "
+                f"{' or '.join(allowed)}"
+            )
         if not np.all(np.isfinite(weights[k])):
             raise GlcompError(f"bundle weights.safetensors: {k!r} holds NaN or infinite values")
+    manifest["hyper"] = {k: float(v) for k, v in manifest["hyper"].items()}
     program = None
     hashes = manifest.pop("files", None)
     if hashes is not None:
@@ -634,10 +1024,7 @@ def _read(reader: _Reader) -> Any:
                     "file was changed, or comes from another save)"
                 )
         if PROGRAM_FILE in raw:
-            try:
-                program = json.loads(raw[PROGRAM_FILE].decode("utf-8"), parse_constant=_no_constant)
-            except (UnicodeDecodeError, ValueError) as err:
-                raise GlcompError(f"bundle {PROGRAM_FILE}: not valid JSON ({err})") from None
+            program = parse_json(raw[PROGRAM_FILE], PROGRAM_FILE, browser_numbers=False)
             if not isinstance(program, dict):
                 raise GlcompError(f"bundle {PROGRAM_FILE}: must be an object")
     return Bundle(manifest, shaders, weights, program)

@@ -253,17 +253,27 @@ class GLRuntime:
     """Runs a Bundle through moderngl; the same interface as the reference runtime.
 
     ``ctx``: the context to run in (default: the shared `default_context()`); ``own_context=True``
-    creates a context for this runtime alone, released with it. Several runtimes may live in one
-    process and be called from any thread: calls are serialised and each runs in the runtime's
-    own context. Use it as a context manager or call `release()`; a runtime that is dropped
-    without either is released by a finalizer. A released runtime raises GlcompError when used.
+    creates a context for this runtime alone, released with it. ``texture_budget_bytes`` (default
+    2 GiB, as `glcomp.codegen.schema.DEFAULT_TEXTURE_BUDGET`): a bundle whose textures take more is
+    refused before anything is allocated; a GL error while allocating raises GlcompError.
+    Several runtimes may live in one process and be called from any thread: calls are
+    serialised and each runs in the runtime's own context. Use it as a context manager or call
+    `release()`; a runtime that is dropped without either is released by a finalizer. A
+    released runtime raises GlcompError when used.
     """
 
-    def __init__(self, bundle: Any, ctx: Any = None, own_context: bool = False) -> None:
+    def __init__(
+        self,
+        bundle: Any,
+        ctx: Any = None,
+        own_context: bool = False,
+        texture_budget_bytes: int | None = None,
+    ) -> None:
         if ctx is not None and own_context:
             raise GlcompError("GLRuntime: pass either ctx or own_context=True, not both")
         self.bundle = bundle
         self.manifest = bundle.manifest
+        self._texture_budget = texture_budget_bytes
         self.ctx = create_context() if own_context else ctx if ctx is not None else default_context()
         self.hyper = dict(self.manifest["hyper"])
         self.counters = {k: np.array(bundle.weights[k]) for k in self.manifest["counters"]}
@@ -327,7 +337,15 @@ class GLRuntime:
             self._upload_state(name, self.bundle.weights[name])
 
     def _check_limits(self) -> None:
+        from glcomp.codegen.schema import DEFAULT_TEXTURE_BUDGET, texture_bytes
+
         info = _info_of(self.ctx)
+        budget = DEFAULT_TEXTURE_BUDGET if self._texture_budget is None else self._texture_budget
+        if texture_bytes(self.manifest) > budget:
+            raise GlcompError(
+                f"the bundle's textures take {texture_bytes(self.manifest)} bytes, more than the budget of "
+                f"{budget} bytes (texture_budget_bytes)"
+            )
         need = max(
             [t["width"] for t in self.manifest["textures"].values()]
             + [t["height"] for t in self.manifest["textures"].values()]

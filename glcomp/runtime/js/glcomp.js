@@ -22,6 +22,17 @@ const UNIFORM_RE = /^[a-z][a-z0-9_]{0,40}$/;
 const ENTRY_POINTS = ["predict", "gradients", "train_step"];
 const QUAD = new Float32Array([-1, -1, 3, -1, -1, 3]); // one triangle covers the viewport
 const SOFTWARE_RE = /swiftshader|llvmpipe|softpipe|software|basic render|lavapipe|swrast/i;
+// Resource limits, the same as glcomp/codegen/schema.py's (both loaders accept the same bundles).
+export const DEFAULT_TEXTURE_BUDGET = 2 * 2 ** 30; // bytes of RGBA32F textures a bundle may declare
+export const DEFAULT_LOOP_BUDGET = 2 ** 32; // loop iterations one draw may run
+const MAX_INT = 2 ** 40;
+const MAX_DIMS = 32;
+const MAX_PROGRAMS = 4096;
+const MAX_JSON_BYTES = 64 * 2 ** 20;
+const MAX_JSON_DEPTH = 64;
+const MAX_SHADER_CHARS = 2 ** 20;
+const STATE_DTYPES = ["F32", "F64"];
+const COUNTER_DTYPES = ["I32", "I64"];
 
 /** The one error type: a mistake in a bundle, an input, or a missing browser capability. */
 export class GlcompError extends Error {
@@ -37,6 +48,7 @@ const isObj = (v) => v !== null && typeof v === "object" && !Array.isArray(v) &&
 const isInt = (v) => typeof v === "number" && Number.isInteger(v);
 const isPow2 = (v) => isInt(v) && v >= 1 && v <= MAX_SIDE && (v & (v - 1)) === 0;
 const prod = (a) => a.reduce((x, y) => x * y, 1);
+const maxOf = (a, init) => a.reduce((x, y) => (y > x ? y : x), init);
 const repr = (v) => {
   if (v === undefined) return "None";
   if (typeof v === "string") return `'${v}'`;
@@ -71,7 +83,8 @@ class Check {
   fail(msg) { return new GlcompError(`bundle ${this.where}: ${msg}`); }
   need(cond, msg) { if (!cond) throw this.fail(msg); }
   dict(obj, field) { this.need(isObj(obj), `${field} must be an object`); return obj; }
-  int(obj, field, lo = 0, hi = 2 ** 40) {
+  list(obj, field) { this.need(Array.isArray(obj), `${field} must be a list`); return obj; }
+  int(obj, field, lo = 0, hi = MAX_INT) {
     this.need(isInt(obj) && obj >= lo && obj <= hi, `${field} must be an integer in [${lo}, ${hi}], got ${repr(obj)}`);
     return obj;
   }
@@ -90,12 +103,13 @@ const LAYOUT_KEYS = ["height", "pages", "row_len", "row_texels", "rows", "shape"
 function checkLayout(c, lay, field, shape) {
   lay = c.dict(lay, field);
   c.need(sameList(sortedKeys(lay), LAYOUT_KEYS), `${field} must have exactly the keys ${fmtList(LAYOUT_KEYS)}`);
-  c.need(Array.isArray(lay.shape) && lay.shape.every((s) => isInt(s) && s >= 0), `${field}.shape must be a list of sizes`);
+  c.need(Array.isArray(lay.shape) && lay.shape.length <= MAX_DIMS && lay.shape.every((s) => isInt(s) && s >= 0),
+    `${field}.shape must be a list of at most ${MAX_DIMS} sizes`);
   if (shape !== undefined) {
     c.need(Array.isArray(shape) && sameList(shape, lay.shape), `${field}.shape ${repr(lay.shape)} != ${repr(shape)}`);
   }
   for (const k of LAYOUT_KEYS) {
-    if (k !== "shape") c.int(lay[k], `${field}.${k}`, k === "rows" || k === "row_len" ? 0 : 1, 2 ** 40);
+    if (k !== "shape") c.int(lay[k], `${field}.${k}`, k === "rows" || k === "row_len" ? 0 : 1, MAX_INT);
   }
   const s = lay.shape;
   const rows = s.length ? prod(s.slice(0, -1)) : 1;
@@ -114,8 +128,10 @@ function checkLayout(c, lay, field, shape) {
  *  shader files present. Stricter than schema.py in a few places the compiler never exercises
  *  (refs have exactly their keys, state texture sets are disjoint and owned by one state,
  *  entry input/output textures have their layout's size). */
-export function validateManifest(m, shaderNames) {
+export function validateManifest(m, shaderNames, options = {}) {
   const names = new Set(shaderNames);
+  const textureBudget = options.textureBudgetBytes ?? DEFAULT_TEXTURE_BUDGET;
+  const loopBudget = options.loopBudget ?? DEFAULT_LOOP_BUDGET;
   const c = new Check("manifest.json");
   m = c.dict(m, "manifest");
   c.need(m.format === FORMAT, `format must be '${FORMAT}', got ${repr(m.format)}`);
@@ -129,6 +145,7 @@ export function validateManifest(m, shaderNames) {
   const maxSize = c.int(target.max_texture_size, "target.max_texture_size", 1, MAX_SIDE);
 
   const textures = c.dict(m.textures, "textures");
+  let total = 0;
   for (const [name, tex] of Object.entries(textures)) {
     c.name(name, "texture");
     c.dict(tex, `textures.${name}`);
@@ -136,7 +153,10 @@ export function validateManifest(m, shaderNames) {
       const v = c.int(tex[side], `textures.${name}.${side}`, 1, maxSize);
       c.need((v & (v - 1)) === 0, `textures.${name}.${side} must be a power of two`);
     }
+    total += 16 * tex.width * tex.height;
   }
+  c.need(total <= textureBudget, `the textures take ${total} bytes, more than the budget of ${textureBudget} bytes`);
+  const used = new Set();
 
   const states = c.dict(m.states, "states");
   const owner = new Map(); // texture -> state owning it
@@ -196,12 +216,15 @@ export function validateManifest(m, shaderNames) {
     c.need(new Set([...prog.samplers, ...prog.uniforms]).size === prog.samplers.length + prog.uniforms.length,
       `programs.${pid}: a uniform name appears twice`);
     c.int(prog.outputs, `programs.${pid}.outputs`, 1, 16);
+    c.int(prog.loop_iterations, `programs.${pid}.loop_iterations`, 0, MAX_INT);
   }
+  for (const t of owner.keys()) used.add(t);
 
   const checkRef = (ref, field) => {
     if (typeof ref === "string") {
       c.need(Object.hasOwn(textures, ref), `${field} refers to unknown texture ${repr(ref)}`);
       c.need(!owner.has(ref), `${field} names state texture ${repr(ref)} directly`);
+      used.add(ref);
       return [textures[ref].width, textures[ref].height];
     }
     c.dict(ref, field);
@@ -273,8 +296,13 @@ export function validateManifest(m, shaderNames) {
       const blend = d.blend === undefined ? false : d.blend;
       c.need(blend === true || blend === false, `${field}.blend must be a boolean`);
       c.need(d.kernel === undefined || typeof d.kernel === "string", `${field}.kernel must be a string`);
+      const work = prog.loop_iterations * vp[0] * vp[1];
+      c.need(work <= loopBudget, `${field} may run ${work} loop iterations (${prog.loop_iterations} per fragment), `
+        + `more than the budget of ${loopBudget} per draw`);
     });
   }
+  const unused = Object.keys(textures).filter((t) => !used.has(t)).sort();
+  c.need(!unused.length, `textures ${repr(unused.length > 8 ? [...unused.slice(0, 8), "..."] : unused)} are used by no state, input, output or draw`);
   if (m.version >= 2 || "files" in m) {
     const hashes = c.dict(m.files, "files");
     for (const [path, digest] of Object.entries(hashes)) {
@@ -288,6 +316,148 @@ export function validateManifest(m, shaderNames) {
     for (const path of ["weights.safetensors", ...[...wanted].sort().map((n) => `shaders/${n}`)]) {
       c.need(Object.hasOwn(hashes, path), `files: no sha256 for ${path}`);
     }
+  }
+}
+
+// -- loops in shaders (a port of schema.py shader_loop_bound: the same forms, the same bounds) ---
+const COMMENT_RE = /\/\/[^\n]*|\/\*(?:.|\n)*?\*\//g;
+const TOKEN_RE = /[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[^ \t\r\n]/g;
+const FOR_RE = /for[ \t\r\n]*\([ \t\r\n]*int[ \t\r\n]+([A-Za-z_][A-Za-z0-9_]*)[ \t\r\n]*=[ \t\r\n]*0[ \t\r\n]*;[ \t\r\n]*\1[ \t\r\n]*<[ \t\r\n]*([0-9]{1,9})[ \t\r\n]*;[ \t\r\n]*\1[ \t\r\n]*\+\+[ \t\r\n]*\)[ \t\r\n]*\{/y;
+const WRITE_AFTER_RE = /[ \t\r\n]*(?:[-+*/%&|^]?=(?!=)|<<=|>>=|\+\+|--)/y;
+const WRITE_BEFORE_RE = /(?:\+\+|--)[ \t\r\n]*$/;
+const DIRECTIVE_RE = /^#[ \t]*(?:version[ \t]+(?:100|300[ \t]+es)|extension[ \t]+[A-Za-z0-9_]+[ \t]*:[ \t]*[a-z]+)$/;
+const CODE_CHARS_RE = /^[ -~\t\r\n]*$/;
+
+/** An upper bound of the loop iterations one invocation of `source`'s main() runs; throws
+ *  GlcompError naming `where` for any loop not of the form `for (int v = 0; v < N; v++) {` (or
+ *  writing v in its body), while/do, preprocessor directives but #version/#extension,
+ *  backslashes, non-ASCII outside comments, and calls of functions not defined above. */
+export function shaderLoopBound(source, where) {
+  let text = source;
+  const fail = (msg, pos) => {
+    const at = pos === undefined ? "" : `line ${text.slice(0, pos).split("\n").length}: `;
+    return new GlcompError(`bundle ${where}: ${at}${msg}`);
+  };
+  if (source.length > MAX_SHADER_CHARS) throw fail(`the shader is longer than ${MAX_SHADER_CHARS} characters`);
+  if (source.includes("\\")) throw fail("backslashes (line continuations) are not allowed in shaders");
+  text = source.replace(COMMENT_RE, (c) => c.replace(/[^\n]/g, " "));
+  if (text.includes("/*")) throw fail("unterminated comment");
+  if (!CODE_CHARS_RE.test(text)) throw fail("characters other than printable ASCII outside comments");
+  for (const raw of text.split("\n")) {
+    const line = raw.replace(/^[ \t\r]+|[ \t\r]+$/g, "");
+    if (line.startsWith("#") && !DIRECTIVE_RE.test(line)) {
+      throw fail(`preprocessor directive ${repr(line.slice(0, 60))} is not allowed`);
+    }
+  }
+  const tokens = [];
+  for (const mt of text.matchAll(TOKEN_RE)) tokens.push([mt[0], mt.index]);
+  const defined = new Set();
+  let depth = 0;
+  let lastName = "";
+  tokens.forEach(([tok], i) => {
+    if (tok === "{") {
+      if (depth === 0 && i > 0 && tokens[i - 1][0] === ")") defined.add(lastName);
+      depth += 1;
+    } else if (tok === "}") depth -= 1;
+    else if (depth === 0 && i + 1 < tokens.length && tokens[i + 1][0] === "(") lastName = tok;
+  });
+  const bounds = new Map();
+  depth = 0;
+  let func = null;
+  lastName = "";
+  let total = 0;
+  const loops = []; // [variable, iterations including this loop's, depth]
+  let i = 0;
+  while (i < tokens.length) {
+    const [tok, pos] = tokens[i];
+    const mult = loops.length ? loops[loops.length - 1][1] : 1;
+    const nxt = i + 1 < tokens.length ? tokens[i + 1][0] : "";
+    if (tok === "while" || tok === "do") throw fail(`${tok} loops are not allowed`, pos);
+    if (tok === "for") {
+      FOR_RE.lastIndex = pos;
+      const found = FOR_RE.exec(text);
+      if (func === null || found === null) throw fail("a loop not of the form 'for (int v = 0; v < N; v++) {'", pos);
+      const n = Number(found[2]);
+      total += mult * n;
+      depth += 1;
+      loops.push([found[1], mult * n, depth]);
+      const end = found.index + found[0].length;
+      while (i < tokens.length && tokens[i][1] < end) i += 1;
+      continue;
+    }
+    if (tok === "{") {
+      depth += 1;
+      if (depth === 1) {
+        func = i > 0 && tokens[i - 1][0] === ")" ? lastName : null;
+        total = 0;
+      }
+    } else if (tok === "}") {
+      if (loops.length && loops[loops.length - 1][2] === depth) loops.pop();
+      depth -= 1;
+      if (depth < 0) throw fail("unbalanced braces", pos);
+      if (depth === 0 && func !== null) {
+        bounds.set(func, total);
+        func = null;
+      }
+    } else if (/^[A-Za-z_]/.test(tok)) {
+      if (depth === 0 && nxt === "(") lastName = tok;
+      else if (depth > 0 && nxt === "(" && defined.has(tok)) {
+        if (!bounds.has(tok)) throw fail(`${tok} is called before its definition ends (recursion is not allowed)`, pos);
+        total += mult * bounds.get(tok);
+      }
+      for (const [v] of loops) {
+        if (tok !== v) continue;
+        WRITE_AFTER_RE.lastIndex = pos + tok.length;
+        if (WRITE_AFTER_RE.test(text) || WRITE_BEFORE_RE.test(text.slice(Math.max(0, pos - 16), pos))) {
+          throw fail(`the loop variable ${v} is written in its loop`, pos);
+        }
+      }
+    }
+    i += 1;
+  }
+  if (depth !== 0) throw fail("unbalanced braces");
+  return bounds.has("main") ? bounds.get("main") : 0;
+}
+
+/** Check every shader's loops against the validated manifest (schema.py check_shaders): the
+ *  vertex shader runs none, each fragment shader at most its program's loop_iterations. */
+export function checkShaders(manifest, shaders) {
+  const vert = manifest.vertex_shader;
+  if (shaderLoopBound(shaders[vert], `shaders/${vert}`) !== 0) {
+    throw new GlcompError(`bundle shaders/${vert}: the vertex shader must not loop`);
+  }
+  for (const [pid, prog] of Object.entries(manifest.programs)) {
+    const bound = shaderLoopBound(shaders[prog.fragment], `shaders/${prog.fragment}`);
+    if (bound > prog.loop_iterations) {
+      throw new GlcompError(`bundle shaders/${prog.fragment}: its loops may run ${bound} iterations per fragment, `
+        + `more than the ${prog.loop_iterations} manifest.json declares for program ${pid}`);
+    }
+  }
+}
+
+/** JSON.parse for untrusted bytes, with schema.py parse_json's limits: UTF-8 (a byte order mark
+ *  is not skipped), at most MAX_JSON_BYTES and MAX_JSON_DEPTH levels of nesting. */
+export function parseJson(bytes, where) {
+  const buf = toArrayBuffer(bytes);
+  if (buf.byteLength > MAX_JSON_BYTES) throw new GlcompError(`bundle ${where}: larger than ${MAX_JSON_BYTES} bytes`);
+  let text;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(buf);
+  } catch (err) {
+    throw new GlcompError(`bundle ${where}: not valid JSON (${err.message})`);
+  }
+  let depth = 0;
+  for (const mt of text.matchAll(/"(?:[^"\\]|\\.)*"|[[\]{}]/g)) {
+    const t = mt[0];
+    if (t === "[" || t === "{") {
+      depth += 1;
+      if (depth > MAX_JSON_DEPTH) throw new GlcompError(`bundle ${where}: nested deeper than ${MAX_JSON_DEPTH} levels`);
+    } else if (t === "]" || t === "}") depth -= 1;
+  }
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new GlcompError(`bundle ${where}: not valid JSON (${err.message})`);
   }
 }
 
@@ -368,12 +538,7 @@ export function parseSafetensors(buffer, where = "weights.safetensors") {
   if (lenHi !== 0 || lenLo > buf.byteLength - 8 || lenLo > 100_000_000) {
     throw fail(`header length ${lenHi * 2 ** 32 + lenLo} exceeds the file size ${buf.byteLength}`);
   }
-  let header;
-  try {
-    header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(new Uint8Array(buf, 8, lenLo)));
-  } catch (err) {
-    throw fail(`header is not valid JSON: ${err.message}`);
-  }
+  const header = parseJson(new Uint8Array(buf, 8, lenLo), `${where} header`);
   if (!isObj(header)) throw fail("header is not a JSON object");
   const start = 8 + lenLo;
   const dataLen = buf.byteLength - start;
@@ -385,10 +550,12 @@ export function parseSafetensors(buffer, where = "weights.safetensors") {
       continue;
     }
     if (!isObj(info)) throw fail(`entry ${repr(name)} is not an object`);
-    const dt = DTYPES[info.dtype];
-    if (!dt) throw fail(`tensor ${repr(name)} has unsupported dtype ${repr(info.dtype)}`);
+    const dt = typeof info.dtype === "string" && Object.hasOwn(DTYPES, info.dtype) ? DTYPES[info.dtype] : null;
+    if (!dt) throw fail(`tensor ${repr(name)} has unsupported dtype ${repr(info.dtype)} (F32, F64, I32 or I64 expected)`);
     const { shape, data_offsets: offs } = info;
-    if (!Array.isArray(shape) || !shape.every((s) => isInt(s) && s >= 0)) throw fail(`tensor ${repr(name)} has a bad shape`);
+    if (!Array.isArray(shape) || shape.length > MAX_DIMS || !shape.every((s) => isInt(s) && s >= 0)) {
+      throw fail(`tensor ${repr(name)} has a bad shape`);
+    }
     if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((o) => isInt(o) && o >= 0) || offs[1] < offs[0]
       || offs[1] > dataLen) {
       throw fail(`tensor ${repr(name)} has data offsets outside the file`);
@@ -558,10 +725,17 @@ export function checkFeeds(entry, specs, given) {
 }
 
 // -- loading a bundle --------------------------------------------------------------------------
-async function readAsText(v) {
+const decodeUtf8 = (buf, where) => {
+  try {
+    return new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(buf);
+  } catch {
+    throw new GlcompError(`bundle ${where}: not UTF-8 text`);
+  }
+};
+async function readAsText(v, where) {
   if (typeof v === "string") return v;
-  if (typeof Blob !== "undefined" && v instanceof Blob) return v.text();
-  return new TextDecoder("utf-8", { fatal: true }).decode(toArrayBuffer(v));
+  if (typeof Blob !== "undefined" && v instanceof Blob) return decodeUtf8(await v.arrayBuffer(), where);
+  return decodeUtf8(toArrayBuffer(v), where);
 }
 async function readAsBuffer(v) {
   if (typeof Blob !== "undefined" && v instanceof Blob) return v.arrayBuffer();
@@ -577,7 +751,7 @@ function fileMap(source) {
     const parts = String(path).split(/[\\/]/).filter((p) => p);
     const base = parts[parts.length - 1];
     if (!base) return;
-    if (base === "manifest.json" || base === "weights.safetensors") map.set(base, value);
+    if (base === "manifest.json" || base === "weights.safetensors" || base === PROGRAM_FILE) map.set(base, value);
     else if (SHADER_RE.test(base) && (parts.length === 1 || parts[parts.length - 2] === "shaders")) map.set(`shaders/${base}`, value);
   };
   const isList = Array.isArray(source) || (typeof FileList !== "undefined" && source instanceof FileList);
@@ -589,12 +763,15 @@ function fileMap(source) {
   return map;
 }
 
-async function fetchFile(url, what, optional = false) {
+async function fetchFile(url, what, optional, origins) {
   let res;
   try {
-    res = await fetch(url);
+    res = await fetch(url, { credentials: "same-origin" });
   } catch (err) {
     throw new GlcompError(`bundle ${what}: could not fetch ${url} (${err.message})`);
+  }
+  if (res.url && origins !== null && !origins.includes(new URL(res.url).origin)) {
+    throw new GlcompError(`bundle ${what}: ${url} was redirected to ${new URL(res.url).origin}, an origin not allowed`);
   }
   if (!res.ok) {
     if (optional) return null;
@@ -603,46 +780,70 @@ async function fetchFile(url, what, optional = false) {
   return res;
 }
 
-/** Load and validate a bundle: {manifest, shaders, weights, counters}. Nothing is run. */
-export async function loadBundle(source) {
-  let manifestText;
+/** The origins a bundle may be fetched from: this page's own, and those `allowOrigins` names
+ *  (an array of origins such as "https://models.example.org", or true for any: null). */
+function allowedOrigins(allow) {
+  if (allow === true) return null;
+  const own = typeof location !== "undefined" && location.origin && location.origin !== "null" ? [location.origin] : [];
+  if (allow !== undefined && !(Array.isArray(allow) && allow.every((o) => typeof o === "string"))) {
+    throw new GlcompError("allowOrigins must be an array of origins (\"https://host:port\") or true");
+  }
+  return [...own, ...(allow || []).map((o) => new URL(o).origin)];
+}
+
+/** Load and validate a bundle: {manifest, shaders, weights, counters}. Nothing is run.
+ *  Accepts and rejects exactly what glcomp/codegen/schema.py read_bundle does. Options:
+ *  `textureBudgetBytes` (default 2 GiB) and `loopBudget` (loop iterations per draw, default
+ *  2**32) bound what the bundle may ask of the GPU; a URL must be of this page's origin unless
+ *  `allowOrigins` lists its origin (or is true). Files are checked against the manifest's sha256. */
+export async function loadBundle(source, options = {}) {
+  let manifestBytes;
   let weightsBuf;
   const shaders = {};
   let getShader;
+  let programBuf;
   if (typeof source === "string" || (typeof URL !== "undefined" && source instanceof URL)) {
     const here = typeof location !== "undefined" ? location.href : undefined;
     let base = String(source);
     if (!base.endsWith("/")) base += "/";
     base = new URL(base, here).href;
-    manifestText = await (await fetchFile(new URL("manifest.json", base), "manifest.json")).text();
+    const origins = allowedOrigins(options.allowOrigins);
+    if (origins !== null && !origins.includes(new URL(base).origin)) {
+      throw new GlcompError(`bundle ${base}: refusing to load a bundle from ${new URL(base).origin}, another origin `
+        + "than this page's (pass allowOrigins: [origin] to trust it)");
+    }
+    manifestBytes = await (await fetchFile(new URL("manifest.json", base), "manifest.json", false, origins)).arrayBuffer();
     getShader = async (name) => {
-      const res = await fetchFile(new URL(`shaders/${name}`, base), `shaders/${name}`, true);
-      return res ? res.text() : null;
+      const res = await fetchFile(new URL(`shaders/${name}`, base), `shaders/${name}`, true, origins);
+      return res ? decodeUtf8(await res.arrayBuffer(), `shaders/${name}`) : null;
     };
-    weightsBuf = async () => (await fetchFile(new URL("weights.safetensors", base), "weights.safetensors")).arrayBuffer();
+    weightsBuf = async () => (await fetchFile(new URL("weights.safetensors", base), "weights.safetensors", false, origins))
+      .arrayBuffer();
+    programBuf = async () => {
+      const res = await fetchFile(new URL(PROGRAM_FILE, base), PROGRAM_FILE, true, origins);
+      return res ? res.arrayBuffer() : null;
+    };
   } else if (source && typeof source === "object") {
     const map = fileMap(source);
     for (const f of ["manifest.json", "weights.safetensors"]) {
       if (!map.has(f)) throw new GlcompError(`bundle: ${f} is missing`);
     }
     const mv = map.get("manifest.json");
-    manifestText = isObj(mv) && !(typeof Blob !== "undefined" && mv instanceof Blob) ? JSON.stringify(mv) : await readAsText(mv);
-    getShader = async (name) => (map.has(`shaders/${name}`) ? readAsText(map.get(`shaders/${name}`)) : null);
+    manifestBytes = isObj(mv) && !(typeof Blob !== "undefined" && mv instanceof Blob)
+      ? new TextEncoder().encode(JSON.stringify(mv)) : await readAsBuffer(mv);
+    getShader = async (name) => (map.has(`shaders/${name}`) ? readAsText(map.get(`shaders/${name}`), `shaders/${name}`) : null);
     weightsBuf = async () => readAsBuffer(map.get("weights.safetensors"));
+    programBuf = async () => (map.has(PROGRAM_FILE) ? readAsBuffer(map.get(PROGRAM_FILE)) : null);
   } else {
     throw new GlcompError("Runtime.load: pass a bundle base URL, or an object / array of its files");
   }
-  let manifest;
-  try {
-    manifest = JSON.parse(manifestText);
-  } catch (err) {
-    throw new GlcompError(`bundle manifest.json: not valid JSON (${err.message})`);
-  }
+  const manifest = parseJson(manifestBytes, "manifest.json");
   if (isObj(manifest)) {
     const wanted = [manifest.vertex_shader];
     for (const p of Object.values(isObj(manifest.programs) ? manifest.programs : {})) {
       if (isObj(p)) wanted.push(p.fragment);
     }
+    if (wanted.length > MAX_PROGRAMS + 1) throw new GlcompError(`bundle manifest.json: more than ${MAX_PROGRAMS} programs`);
     for (const name of wanted) {
       if (typeof name !== "string" || !SHADER_RE.test(name)) {
         throw new GlcompError(`bundle manifest.json: shader name ${repr(name)} is not a plain file name`);
@@ -652,7 +853,8 @@ export async function loadBundle(source) {
     const texts = await Promise.all(unique.map(getShader));
     unique.forEach((name, i) => { if (texts[i] !== null) shaders[name] = texts[i]; });
   }
-  validateManifest(manifest, Object.keys(shaders));
+  validateManifest(manifest, Object.keys(shaders), options);
+  checkShaders(manifest, shaders);
   const weightsBytes = await weightsBuf();
   const tensors = parseSafetensors(weightsBytes);
   const expected = {};
@@ -670,8 +872,13 @@ export async function loadBundle(source) {
     if (!sameList(t.shape, shape)) {
       throw new GlcompError(`bundle weights.safetensors: ${repr(k)} has shape ${fmtShape(t.shape)}, expected ${fmtShape(shape)}`);
     }
-    const values = Float32Array.from(t.data, Number);
     const isCounter = Object.hasOwn(manifest.counters, k);
+    const allowed = isCounter ? COUNTER_DTYPES : STATE_DTYPES;
+    if (!allowed.includes(t.dtype)) {
+      throw new GlcompError(`bundle weights.safetensors: tensor ${repr(k)} is ${t.dtype}; a ${isCounter ? "counter" : "state"} `
+        + `must be ${allowed.join(" or ")}`);
+    }
+    const values = Float32Array.from(t.data, Number);
     if (!Array.from(t.data, Number).every(Number.isFinite)) {
       throw new GlcompError(`bundle weights.safetensors: ${repr(k)} holds NaN or infinite values`);
     }
@@ -686,6 +893,13 @@ export async function loadBundle(source) {
           + "(the file was changed, or comes from another save)");
       }
     };
+    if (Object.hasOwn(manifest.files, PROGRAM_FILE)) {
+      // The IR graphs: only Python runs them, but a bundle Python refuses is refused here too.
+      const bytes = await programBuf();
+      if (bytes === null) throw new GlcompError(`bundle: ${PROGRAM_FILE} is missing`);
+      await check(PROGRAM_FILE, bytes);
+      if (!isObj(parseJson(bytes, PROGRAM_FILE))) throw new GlcompError(`bundle ${PROGRAM_FILE}: must be an object`);
+    }
     await check("weights.safetensors", weightsBytes);
     for (const [name, text] of Object.entries(shaders)) await check(`shaders/${name}`, new TextEncoder().encode(text));
     delete manifest.files;
@@ -721,7 +935,7 @@ export class Runtime {
   /** `source`: a base URL ("bundle/") or the bundle's files. Options: `canvas` (a canvas to take
    *  the context from), `readback` ("async" (default on WebGL 2) or "sync"), `contextAttributes`. */
   static async load(source, options = {}) {
-    const bundle = await loadBundle(source);
+    const bundle = await loadBundle(source, options);
     const rt = new Runtime(bundle, options);
     try {
       await rt._init();
@@ -796,8 +1010,8 @@ export class Runtime {
     const lacks = [];
     const ext = {};
     const progs = Object.values(m.programs);
-    const outputs = Math.max(1, ...progs.map((p) => p.outputs));
-    const samplers = Math.max(0, ...progs.map((p) => p.samplers.length));
+    const outputs = maxOf(progs.map((p) => p.outputs), 1);
+    const samplers = maxOf(progs.map((p) => p.samplers.length), 0);
     const blend = Object.values(m.entries).some((e) => e.draws.some((d) => d.blend === true));
     if (this.webgl2) {
       ext.colorBufferFloat = gl.getExtension("EXT_color_buffer_float");
@@ -825,8 +1039,7 @@ export class Runtime {
         gl.getParameter(ext.drawBuffers.MAX_COLOR_ATTACHMENTS_WEBGL));
     }
     const maxUnits = gl.getParameter(gl.MAX_TEXTURE_IMAGE_UNITS);
-    const sides = Object.values(m.textures).flatMap((t) => [t.width, t.height]);
-    const need = Math.max(1, ...sides);
+    const need = maxOf(Object.values(m.textures).map((t) => Math.max(t.width, t.height)), 1);
     if (need > maxTex) lacks.push(`textures of ${need} texels per side (the limit here is ${maxTex})`);
     if (outputs > maxDraw && (this.webgl2 || ext.drawBuffers)) {
       lacks.push(`${outputs} draw buffers per draw call (this GPU has ${maxDraw})`);
@@ -863,6 +1076,8 @@ export class Runtime {
     gl.pixelStorei(gl.UNPACK_ALIGNMENT, 4);
     gl.pixelStorei(gl.PACK_ALIGNMENT, 4);
     gl.activeTexture(gl.TEXTURE0);
+    while (gl.getError() !== gl.NO_ERROR && !gl.isContextLost()) { /* start from a clean error state */ }
+    const totalBytes = Object.values(m.textures).reduce((a, t) => a + 16 * t.width * t.height, 0);
     for (const [name, t] of Object.entries(m.textures)) {
       const tex = this._track("textures", gl.createTexture());
       tex.__name = name;
@@ -875,6 +1090,13 @@ export class Runtime {
       gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_T, gl.CLAMP_TO_EDGE);
       if (this.webgl2) gl.texStorage2D(gl.TEXTURE_2D, 1, gl.RGBA32F, t.width, t.height);
       else gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA, t.width, t.height, 0, gl.RGBA, gl.FLOAT, null);
+      const err = gl.getError();
+      if (err !== gl.NO_ERROR || gl.isContextLost()) {
+        const why = gl.isContextLost() ? "the WebGL context was lost"
+          : err === gl.OUT_OF_MEMORY ? "out of GPU memory" : `WebGL error 0x${err.toString(16)}`;
+        throw new GlcompError(`texture ${repr(name)} (${t.width}x${t.height} RGBA32F, ${16 * t.width * t.height} bytes) `
+          + `could not be allocated: ${why} (the bundle needs ${totalBytes} bytes of textures)`);
+      }
       this.textures.set(name, tex);
     }
     gl.bindTexture(gl.TEXTURE_2D, null);
@@ -920,7 +1142,8 @@ export class Runtime {
       }
     }
     try {
-      if (!gl.getShaderParameter(vert, gl.COMPILE_STATUS) && !gl.isContextLost()) {
+      if (gl.isContextLost()) throw new GlcompError("the WebGL context was lost while compiling the shaders");
+      if (!gl.getShaderParameter(vert, gl.COMPILE_STATUS)) {
         throw compileError("quad (vertex shader)", shaders[m.vertex_shader], gl.getShaderInfoLog(vert));
       }
       for (const { pid, p, prog, frag } of pending) {

@@ -1,0 +1,667 @@
+"""Bad and hostile bundles: every fault ends in a GlcompError (never another exception), resources
+are bounded before anything is allocated, shader loops are bounded, and the browser runtime's
+loader (glcomp.js, in headless Chromium) accepts and rejects exactly the bundles Python does.
+
+The fuzzers mutate a valid bundle structurally with Hypothesis: the manifest (types, sizes,
+nesting, counts, names), the weights header (dtypes, shapes, offsets), program.json and the
+shaders (loop forms). Their example counts follow the active Hypothesis profile.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import math
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_browser import _js, browser, page, site  # noqa: F401  (the Chromium fixtures)
+
+import glcomp
+from glcomp import nn, optim
+from glcomp.cli import main
+from glcomp.codegen.schema import (
+    DEFAULT_LOOP_BUDGET,
+    parse_safetensors,
+    read_bundle,
+    sha256,
+    shader_loop_bound,
+)
+from glcomp.errors import GlcompError
+
+EXAMPLES = max(10, settings().max_examples // 2)  # follows the active profile
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+# -- a small valid bundle, as files ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    glcomp.manual_seed(1)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    prog = glcomp.compile(
+        model, {"x": (2, 3)}, loss=nn.CrossEntropyLoss(), optimizer=optim.SGD(lr=0.1, momentum=0.9)
+    )
+    return prog.save(tmp_path_factory.mktemp("good") / "b")
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    out = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+    out |= {f"shaders/{p.name}": p.read_bytes() for p in (d / "shaders").iterdir()}
+    return out
+
+
+def _write(files: dict[str, bytes], d: Path, rehash: bool = True) -> Path:
+    """Write `files` as a bundle in `d` (replaced); with `rehash`, the manifest's sha256 of each
+    file is brought up to date so that a mutated file reaches its parser."""
+    if rehash:
+        try:
+            m = json.loads(files["manifest.json"])
+        except ValueError:
+            m = None
+        if isinstance(m, dict) and isinstance(m.get("files"), dict):
+            m["files"] = {p: sha256(files[p]) if p in files else h for p, h in m["files"].items()}
+            files = {**files, "manifest.json": json.dumps(m).encode()}
+    if d.exists():
+        shutil.rmtree(d)
+    (d / "shaders").mkdir(parents=True)
+    for path, data in files.items():
+        (d / path).write_bytes(data)
+    return d
+
+
+def _loads_or_glcomp_error(d: Path) -> str | None:
+    """Load `d` as glcomp.load does: None when it loads, the GlcompError's message otherwise.
+    Any other exception propagates (and fails the test)."""
+    try:
+        glcomp.load(d)
+    except GlcompError as err:
+        return str(err)
+    return None
+
+
+# -- structural mutations ----------------------------------------------------------------------------
+NAME_CHARS = "abcxyz019_.#-\n \t/é"
+LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, 1, 2, 3, 4, 8, -1, 2**16, 2**17, 2**40, 2**40 + 1, 2**53 + 1, 2.0, 0.5, 1e300, -0.0]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(NAME_CHARS, max_size=10),
+    st.sampled_from(["p0", "tex0", "tex0\n", "cur", "next", "300 es", "100", "lr", "x", "F16", "quad.vert"]),
+)
+VALUES = st.recursive(
+    LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(NAME_CHARS, max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _dumps(doc: Any) -> bytes:
+    """JSON of `doc`, with each "@nest:N" string replaced by N levels of nested arrays and objects
+    (deeper than Python's json module could write)."""
+    text = json.dumps(doc)
+    for n in (3, 40, 70, 2000):
+        text = text.replace(f'"@nest:{n}"', '[{"a":' * (n // 2) + "0" + "}]" * (n // 2))
+    return text.encode()
+
+
+@st.composite
+def mutated_json(draw: Any, doc: Any, max_mutations: int = 3) -> Any:
+    """`doc` with 1..max_mutations structural changes at random places: a value replaced by any
+    JSON value, a key or element removed, added, duplicated or renamed, a number scaled, a value
+    nested deeply, or an object's entries multiplied."""
+    doc = copy.deepcopy(doc)
+    for _ in range(draw(st.integers(1, max_mutations))):
+        paths = _paths(doc)
+        path = draw(st.sampled_from(paths))
+        op = draw(
+            st.sampled_from(
+                ["replace", "delete", "add", "dup", "rename", "scale", "nest", "multiply", "type"]
+            )
+        )
+        if not path:
+            if op == "replace":
+                doc = draw(VALUES)
+            continue
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        key = path[-1]
+        value = parent[key]
+        if op == "replace":
+            parent[key] = draw(VALUES)
+        elif op == "delete":
+            del parent[key]
+        elif op == "add" and isinstance(value, dict):
+            value[draw(st.text(NAME_CHARS, min_size=1, max_size=8))] = draw(VALUES)
+        elif op == "add" and isinstance(value, list):
+            value.append(draw(VALUES))
+        elif op == "dup" and isinstance(parent, dict):
+            parent[f"{key}{draw(st.sampled_from(['_2', chr(10), ' ', '']))}"] = copy.deepcopy(value)
+        elif op == "dup" and isinstance(parent, list):
+            parent.append(copy.deepcopy(value))
+        elif op == "rename" and isinstance(parent, dict):
+            parent[f"{key}{draw(st.sampled_from([chr(10), ' ', '#', 'é', '/x']))}"] = parent.pop(key)
+        elif op == "scale" and isinstance(value, int | float) and not isinstance(value, bool):
+            parent[key] = value * draw(st.sampled_from([0, -1, 2, 1024, 2**20, 2**40])) + draw(
+                st.sampled_from([0, 1, 0.5])
+            )
+        elif op == "nest":
+            parent[key] = f"@nest:{draw(st.sampled_from([3, 40, 70, 2000]))}"
+        elif op == "multiply" and isinstance(value, dict) and value:
+            first = next(iter(value))
+            for i in range(draw(st.sampled_from([2, 50, 400]))):
+                value[f"{first}_m{i}"] = copy.deepcopy(value[first])
+        elif op == "type":
+            parent[key] = draw(st.sampled_from([str(value), [value], {"v": value}, None, True]))
+    return doc
+
+
+def _manifest_cases(good: Path) -> st.SearchStrategy[bytes]:
+    m = json.loads((good / "manifest.json").read_text())
+    return mutated_json(m).map(_dumps)
+
+
+LOOP_SNIPPETS = [
+    "for (int i = 0; i < 4; i++) { acc += 1.0; }",
+    "for (int i = 0; i < 100000; i++) { for (int j = 0; j < 100000; j++) { acc += 1.0; } }",
+    "while (true) { acc += 1.0; }",
+    "do { acc += 1.0; } while (acc < 1e30);",
+    "for (int i = 0; i <= 4; i++) { acc += 1.0; }",
+    "for (int i = 0; i < 4; i++) { i = 0; acc += 1.0; }",
+    "for (int i = 0; i < 4; i++) { i--; }",
+    "for (int i = 0; i < 4; i += 1) { acc += 1.0; }",
+    "for (int i = 0; i < 4; i++) acc += 1.0;",
+    "for (;;) { }",
+    "for (int i = 0; i < u_page_offset; i++) { }",
+    "main();",
+    "#define LOOP for(;;)\n",
+    "#line 3\n",
+    "for (int i = 0; i < 4; i++) { // \\\n}",
+    "/* unterminated",
+    "float é = 1.0;",
+    "}",
+    "{",
+]
+
+
+@st.composite
+def shader_cases(draw: Any, good: Path) -> dict[str, bytes]:
+    files = _files(good)
+    m = json.loads(files["manifest.json"])
+    prog = draw(st.sampled_from(sorted(m["programs"])))
+    path = f"shaders/{m['programs'][prog]['fragment']}"
+    text = files[path].decode()
+    cut = text.index("void main()")
+    body = text.index("{", cut) + 1
+    snippet = draw(st.sampled_from(LOOP_SNIPPETS))
+    where = draw(st.sampled_from(["main", "top", "random"]))
+    if where == "main":
+        text = text[:body] + "\nfloat acc = 0.0;\n" + snippet + "\n" + text[body:]
+    elif where == "top":
+        helper = "float glc_fuzz(float acc) {\n" + snippet + "\nreturn acc;\n}\n"
+        text = text[:cut] + helper + text[cut:]
+    else:
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + snippet + text[at:]
+    files[path] = text.encode()
+    return files
+
+
+@st.composite
+def weights_cases(draw: Any, good: Path) -> dict[str, bytes]:
+    files = _files(good)
+    data = files["weights.safetensors"]
+    n = int.from_bytes(data[:8], "little")
+    header, body = json.loads(data[8 : 8 + n]), data[8 + n :]
+    how = draw(st.sampled_from(["header", "dtype", "truncate", "length", "convert"]))
+    if how == "header":
+        header = draw(mutated_json(header, 2))
+    elif how == "dtype":
+        name = draw(st.sampled_from(sorted(k for k in header if k != "__metadata__")))
+        header[name]["dtype"] = draw(
+            st.sampled_from(["F16", "BF16", "BOOL", "U8", "I8", "F64", "I32", "x", 7])
+        )
+    elif how == "truncate":
+        files["weights.safetensors"] = data[: draw(st.integers(0, len(data) - 1))]
+        return files
+    elif how == "length":
+        fake = draw(st.sampled_from([0, 1, 7, n + 1, len(data), 2**32, 2**63, 2**64 - 1]))
+        files["weights.safetensors"] = struct.pack("<Q", fake) + data[8:]
+        return files
+    else:  # every tensor stored in another dtype, consistently (float16, uint8, bool, float64)
+        from safetensors.numpy import save
+
+        dtype = draw(st.sampled_from([np.float16, np.uint8, np.bool_, np.float64, np.int32]))
+        arrays = parse_safetensors(data)
+        files["weights.safetensors"] = save({k: v.astype(dtype) for k, v in arrays.items()})
+        return files
+    raw = _dumps(header)
+    files["weights.safetensors"] = struct.pack("<Q", len(raw)) + raw + body
+    return files
+
+
+# -- Python: every mutation ends in GlcompError -------------------------------------------------------
+def test_fuzz_manifest(good: Path, tmp_path: Path) -> None:
+    @FUZZ
+    @given(data=st.data())
+    def run(data: Any) -> None:
+        files = _files(good) | {"manifest.json": data.draw(_manifest_cases(good))}
+        _loads_or_glcomp_error(_write(files, tmp_path / "b", rehash=False))
+
+    run()
+
+
+def test_fuzz_program_json(good: Path, tmp_path: Path) -> None:
+    program = json.loads((good / "program.json").read_text())
+
+    @FUZZ
+    @given(doc=mutated_json(program))
+    def run(doc: Any) -> None:
+        files = _files(good) | {"program.json": _dumps(doc)}
+        _loads_or_glcomp_error(_write(files, tmp_path / "b"))
+
+    run()
+
+
+def test_fuzz_weights(good: Path, tmp_path: Path) -> None:
+    @FUZZ
+    @given(data=st.data())
+    def run(data: Any) -> None:
+        files = data.draw(weights_cases(good))
+        d = _write(files, tmp_path / "b", rehash=data.draw(st.booleans()))
+        if _loads_or_glcomp_error(d) is None:  # then states are floats and counters integers
+            m = json.loads(files["manifest.json"])
+            for name, value in read_bundle(d).weights.items():
+                assert value.dtype.kind == ("i" if name in m["counters"] else "f") and value.itemsize >= 4
+
+    run()
+
+
+def test_fuzz_shaders(good: Path, tmp_path: Path) -> None:
+    @FUZZ
+    @given(data=st.data())
+    def run(data: Any) -> None:
+        files = data.draw(shader_cases(good))
+        d = _write(files, tmp_path / "b")
+        if _loads_or_glcomp_error(d) is None:  # then its loops are within what the manifest declares
+            m = json.loads(files["manifest.json"])
+            for p in m["programs"].values():
+                bound = shader_loop_bound(files[f"shaders/{p['fragment']}"].decode(), p["fragment"])
+                assert bound <= p["loop_iterations"]
+
+    run()
+
+
+# -- findings, one by one ----------------------------------------------------------------------------
+def _edit_manifest(good: Path, d: Path, edit: Any) -> Path:
+    files = _files(good)
+    m = json.loads(files["manifest.json"])
+    edit(m)
+    return _write(files | {"manifest.json": _dumps(m)}, d, rehash=False)
+
+
+def _first(d: dict[str, Any]) -> str:
+    return next(iter(d))
+
+
+def _draw(m: dict[str, Any]) -> dict[str, Any]:
+    return m["entries"]["train_step"]["draws"][0]
+
+
+MALFORMED = {  # each raised TypeError, AttributeError, KeyError or RecursionError, or loaded, before
+    "state ref names a list": lambda m: _draw(m)["samplers"].update(
+        {_first(_draw(m)["samplers"]): {"state": [], "version": "cur", "page": 0}}
+    ),
+    "programs is a list": lambda m: m.update(programs=["p0"]),
+    "deeply nested memory": lambda m: m.update(memory="@nest:2000"),
+    "update names a list": lambda m: m["entries"]["train_step"].update(updates=[[]]),
+    "state texture is a list": lambda m: m["states"][_first(m["states"])].update(textures=[[["a"]], [["b"]]]),
+    "uniform hyper is a list": lambda m: [
+        m["programs"][d["program"]].update(uniforms=["u_h"]) or d.update(uniforms={"u_h": {"hyper": []}})
+        for e in m["entries"].values()
+        for d in e["draws"]
+    ],
+    "program without samplers": lambda m: m["programs"][_draw(m)["program"]].pop("samplers"),
+    "version true": lambda m: m.update(version=True),
+    "hyper true": lambda m: m["hyper"].update(lr=True),
+    "blend 1": lambda m: _draw(m).update(blend=1),
+    "kernel null": lambda m: _draw(m).update(kernel=None),
+    "texture name with a newline": lambda m: m["textures"].update({"tex0\n": m["textures"]["tex0"]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_manifest_is_a_glcomp_error(good: Path, tmp_path: Path, case: str) -> None:
+    d = _edit_manifest(good, tmp_path / "b", MALFORMED[case])
+    with pytest.raises(GlcompError, match=r"bundle manifest\.json"):
+        glcomp.load(d)
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_cli_reports_a_malformed_bundle_in_one_line(
+    good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    d = _edit_manifest(good, tmp_path / "b", MALFORMED["state ref names a list"])
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    args = [str(d), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npy")]
+    assert main([command, *(args if command == "run" else [str(d), "--port", "0"])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: bundle manifest.json"), err
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.bool_, np.uint8])
+def test_weights_of_other_dtypes_are_refused_naming_the_tensor(
+    good: Path, tmp_path: Path, dtype: Any
+) -> None:
+    from safetensors.numpy import save
+
+    files = _files(good)
+    arrays = parse_safetensors(files["weights.safetensors"])
+    name = next(k for k, v in arrays.items() if v.dtype == np.float32)
+    arrays[name] = arrays[name].astype(dtype)
+    d = _write(files | {"weights.safetensors": save(arrays)}, tmp_path / "b")
+    with pytest.raises(GlcompError, match=rf"weights\.safetensors.*{name!r}"):
+        glcomp.load(d)
+
+
+def test_texture_budget_and_unused_textures(good: Path, tmp_path: Path) -> None:
+    import time
+
+    def huge(m: dict[str, Any]) -> None:
+        m["target"]["max_texture_size"] = 8192
+        m["textures"] |= {f"big{i}": {"width": 8192, "height": 8192} for i in range(8)}
+
+    start = time.perf_counter()
+    with pytest.raises(GlcompError, match="more than the budget of 2147483648 bytes"):
+        glcomp.load(_edit_manifest(good, tmp_path / "huge", huge))
+    assert time.perf_counter() - start < 2  # refused before anything is allocated
+
+    def unused(m: dict[str, Any]) -> None:
+        m["textures"]["spare"] = {"width": 2, "height": 2}
+
+    with pytest.raises(GlcompError, match=r"textures \[\"spare\"\] are used by no state"):
+        glcomp.load(_edit_manifest(good, tmp_path / "unused", unused))
+    total = sum(
+        16 * t["width"] * t["height"]
+        for t in json.loads((good / "manifest.json").read_text())["textures"].values()
+    )
+    read_bundle(good, texture_budget_bytes=total)
+    with pytest.raises(
+        GlcompError, match=f"textures take {total} bytes, more than the budget of {total - 1}"
+    ):
+        read_bundle(good, texture_budget_bytes=total - 1)
+
+
+def test_gl_runtime_checks_its_texture_budget(good: Path, gl_ctx: Any) -> None:
+    from glcomp.runtime.gl import GLRuntime
+
+    bundle = read_bundle(good)
+    with pytest.raises(GlcompError, match="more than the budget of 64 bytes"):
+        GLRuntime(bundle, ctx=gl_ctx, texture_budget_bytes=64)
+    GLRuntime(bundle, ctx=gl_ctx).release()
+
+
+# Shaders and the loop bound both loaders compute for them (None: refused).
+SHADERS = {
+    "no loop": ("void main() { gl_FragColor = vec4(0.0); }", 0),
+    "one loop": ("void main() { for (int i = 0; i < 7; i++) { } }", 7),
+    "nested": ("void main() { for (int i = 0; i < 7; i++) { for (int j = 0; j < 3; j++) { } } }", 7 + 21),
+    "sequence": ("void main() { for (int i = 0; i < 7; i++) { } for (int j = 0; j < 5; j++) { } }", 12),
+    "calls": (
+        "float f(int k) { for (int i = 0; i < 10; i++) { } return 1.0; }\n"
+        "float g() { return f(1) + f(2); }\n"
+        "void main() { for (int i = 0; i < 3; i++) { g(); } f(0); }",
+        3 + 3 * 20 + 10,
+    ),
+    "comment hides nothing": ("// while (true)\n/* do { } */ void main() { }", 0),
+    "while": ("void main() { while (true) { } }", None),
+    "do": ("void main() { do { } while (true); }", None),
+    "other bound": ("void main() { for (int i = 0; i <= 7; i++) { } }", None),
+    "uniform bound": ("uniform int n;\nvoid main() { for (int i = 0; i < n; i++) { } }", None),
+    "step": ("void main() { for (int i = 0; i < 7; i += 1) { } }", None),
+    "no braces": ("void main() { for (int i = 0; i < 7; i++) i; }", None),
+    "writes its variable": ("void main() { for (int i = 0; i < 7; i++) { i = 0; } }", None),
+    "decrements its variable": ("void main() { for (int i = 0; i < 7; i++) { --i; } }", None),
+    "recursion": ("float f() { return f(); }\nvoid main() { f(); }", None),
+    "forward call": (
+        "float g();\nfloat f() { return g(); }\nfloat g() { return 1.0; }\nvoid main() { }",
+        None,
+    ),
+    "define": ("#define W while\nvoid main() { }", None),
+    "continuation": ("void main() { // x \\\n}", None),
+    "unterminated comment": ("void main() { } /*", None),
+    "non-ascii": ("void main() { float é = 1.0; }", None),
+    "unbalanced": ("void main() { }}", None),
+    "loop outside a function": ("for (int i = 0; i < 7; i++) { }\nvoid main() { }", None),
+}
+
+
+def _py_bound(source: str) -> int | None:
+    try:
+        return shader_loop_bound(source, "shaders/t.frag")
+    except GlcompError:
+        return None
+
+
+def test_shader_loop_bounds() -> None:
+    got = {name: _py_bound(src) for name, (src, _) in SHADERS.items()}
+    assert got == {name: want for name, (_, want) in SHADERS.items()}
+
+
+def test_compiled_shaders_declare_their_loop_bounds(good: Path) -> None:
+    m = json.loads((good / "manifest.json").read_text())
+    bounds = [_py_bound((good / "shaders" / p["fragment"]).read_text()) for p in m["programs"].values()]
+    assert bounds == [p["loop_iterations"] for p in m["programs"].values()]
+    assert max(bounds) > 0
+
+
+def test_loop_budgets(good: Path, tmp_path: Path) -> None:
+    m = json.loads((good / "manifest.json").read_text())
+    pid, p = max(m["programs"].items(), key=lambda kv: kv[1]["loop_iterations"])
+    files = _files(good)
+    infinite = files[f"shaders/{p['fragment']}"].replace(b"void main() {", b"void main() {\nwhile (true) { }")
+    with pytest.raises(GlcompError, match=rf"shaders/{p['fragment']}: line \d+: while loops are not allowed"):
+        glcomp.load(_write(files | {f"shaders/{p['fragment']}": infinite}, tmp_path / "inf"))
+
+    def understate(m: dict[str, Any]) -> None:
+        m["programs"][pid]["loop_iterations"] -= 1
+
+    with pytest.raises(GlcompError, match=f"more than the {p['loop_iterations'] - 1} manifest.json declares"):
+        glcomp.load(_edit_manifest(good, tmp_path / "under", understate))
+
+    def overstate(m: dict[str, Any]) -> None:
+        m["programs"][pid]["loop_iterations"] = DEFAULT_LOOP_BUDGET
+
+    with pytest.raises(GlcompError, match=r"loop iterations .* more than the budget of 4294967296 per draw"):
+        glcomp.load(_edit_manifest(good, tmp_path / "over", overstate))
+    draws = [d for e in m["entries"].values() for d in e["draws"]]
+    work = max(m["programs"][d["program"]]["loop_iterations"] * math.prod(d["viewport"]) for d in draws)
+    read_bundle(good, loop_budget=work)
+    with pytest.raises(GlcompError, match=f"more than the budget of {work - 1} per draw"):
+        read_bundle(good, loop_budget=work - 1)
+
+
+# -- the browser runtime accepts and rejects exactly the same bundles ---------------------------------
+JS_LOAD_ALL = """
+const dec = (b64) => Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
+const base = Object.fromEntries(Object.entries(arg.base).map(([k, v]) => [k, dec(v)]));
+const out = [];
+for (const changed of arg.cases) {  // each case: the files that differ from the valid bundle's
+  const given = { ...base, ...Object.fromEntries(Object.entries(changed).map(([k, v]) => [k, dec(v)])) };
+  try { await g.loadBundle(given); out.push(null); }
+  catch (err) { out.push(`${err.name}: ${err.message}`); }
+}
+return out;
+"""
+
+
+def _py_outcome(files: dict[str, bytes], d: Path) -> str | None:
+    try:
+        read_bundle(_write(files, d, rehash=False))
+    except GlcompError as err:
+        return str(err)
+    return None
+
+
+def test_browser_loader_agrees_with_python(page: Any, good: Path, tmp_path: Path) -> None:  # noqa: F811
+    corpus: list[dict[str, bytes]] = [_files(good)]
+
+    @settings(FUZZ, max_examples=EXAMPLES * 2)
+    @given(data=st.data())
+    def collect(data: Any) -> None:
+        kind = data.draw(st.sampled_from(["manifest", "manifest", "weights", "shader"]))
+        if kind == "manifest":
+            files = _files(good) | {"manifest.json": data.draw(_manifest_cases(good))}
+        elif kind == "weights":
+            files = _write(data.draw(weights_cases(good)), tmp_path / "w") and _files(tmp_path / "w")
+        else:
+            files = _write(data.draw(shader_cases(good)), tmp_path / "s") and _files(tmp_path / "s")
+        corpus.append(files)
+
+    collect()
+    python = [_py_outcome(files, tmp_path / "b") for files in corpus]
+    base = corpus[0]
+    b64 = lambda data: base64.b64encode(data).decode()
+    cases = [{k: b64(v) for k, v in files.items() if base.get(k) != v} for files in corpus]
+    assert all(set(files) == set(base) for files in corpus)  # no case drops a file
+    browser_out = _js(page, JS_LOAD_ALL, {"base": {k: b64(v) for k, v in base.items()}, "cases": cases})
+    assert python[0] is None and browser_out[0] is None  # the valid bundle loads in both
+    differ = [
+        (i, py, js)
+        for i, (py, js) in enumerate(zip(python, browser_out, strict=True))
+        if (py is None) != (js is None)
+    ]
+    assert not differ, differ[:5]
+    assert all(js is None or js.startswith("GlcompError: ") for js in browser_out), browser_out
+    assert sum(py is None for py in python) < len(python) - 1  # the corpus holds rejected bundles
+
+
+JS_BOUNDS = """
+const out = {};
+for (const [name, src] of Object.entries(arg)) {
+  try { out[name] = g.shaderLoopBound(src, "shaders/t.frag"); }
+  catch (err) { if (err.name !== "GlcompError") throw err; out[name] = null; }
+}
+return out;
+"""
+
+
+def test_browser_shader_loop_bounds(page: Any, good: Path) -> None:  # noqa: F811
+    sources = {name: src for name, (src, _) in SHADERS.items()}
+    sources |= {f"compiled {p.name}": p.read_text() for p in (good / "shaders").iterdir()}
+    assert _js(page, JS_BOUNDS, sources) == {name: _py_bound(src) for name, src in sources.items()}
+
+
+def test_browser_refuses_dtypes_budgets_and_other_origins(page: Any, site: Any, good: Path) -> None:  # noqa: F811
+    from safetensors.numpy import save
+
+    files = _files(good)
+    arrays = parse_safetensors(files["weights.safetensors"])
+    name = next(k for k, v in arrays.items() if v.dtype == np.float32)
+    half = _files(good) | {"weights.safetensors": save(arrays | {name: arrays[name].astype(np.float16)})}
+    bundle = _write(half, site.root / "half")
+    shutil.copytree(good, site.root / "fuzz_good", dirs_exist_ok=True)
+    other = site.url.replace("127.0.0.1", "localhost")
+    got = _js(
+        page,
+        """
+      const msg = async (p) => { try { (await g.Runtime.load(...p)).dispose(); return null; }
+        catch (err) { return `${err.name}: ${err.message}`; } };
+      return {
+        half: await msg([arg.half]),
+        budget: await msg(["/bundle/fuzz_good/", { textureBudgetBytes: 64, quiet: true }]),
+        loops: await msg(["/bundle/fuzz_good/", { loopBudget: 1, quiet: true }]),
+        origin: await msg([arg.other]),
+        allowed: await msg([arg.other, { allowOrigins: [new URL(arg.other).origin] }]),
+        good: await msg(["/bundle/fuzz_good/", { quiet: true }]),
+      };
+    """,
+        {"half": f"/bundle/{bundle.name}/", "other": other + "bundle/fuzz_good/"},
+    )
+    assert got["good"] is None
+    assert f"weights.safetensors: unreadable (tensor '{name}' has unsupported dtype 'F16'" in got["half"]
+    assert "more than the budget of 64 bytes" in got["budget"], got["budget"]
+    assert "more than the budget of 1 per draw" in got["loops"], got["loops"]
+    assert "refusing to load a bundle from http://localhost" in got["origin"], got["origin"]
+    assert got["allowed"] is None or "refusing to load" not in got["allowed"], got["allowed"]
+
+
+def _many_textures(m: dict[str, Any]) -> None:
+    m["textures"] |= {f"t{i}": {"width": 1, "height": 1} for i in range(100_000)}
+
+
+def test_browser_refuses_many_textures_and_reports_gpu_memory(
+    page: Any,  # noqa: F811
+    site: Any,  # noqa: F811
+    good: Path,
+    tmp_path: Path,
+) -> None:
+    many = _edit_manifest(good, site.root / "many", _many_textures)
+    with pytest.raises(GlcompError, match="are used by no state"):
+        glcomp.load(many)
+    shutil.copytree(good, site.root / "fuzz_good2", dirs_exist_ok=True)
+    got = _js(
+        page,
+        """
+      const msg = async (url) => {
+        try { (await g.Runtime.load(url, { quiet: true })).dispose(); return null; }
+        catch (err) { return `${err.name}: ${err.message}`; } };
+      const many = await msg("/bundle/many/");
+      // The driver runs out of memory on the third texture: reported as such, nothing left behind.
+      const proto = WebGL2RenderingContext.prototype;
+      const store = proto.texStorage2D;
+      const getError = proto.getError;
+      let allocated = 0;
+      proto.texStorage2D = function (...a) { allocated += 1; return store.apply(this, a); };
+      proto.getError = function () { return allocated === 3 ? this.OUT_OF_MEMORY : getError.call(this); };
+      const oom = await msg("/bundle/fuzz_good2/");
+      proto.getError = getError;
+      proto.texStorage2D = store;
+      return { many, oom, live: { ...window.__glLive } };
+    """,
+    )
+    assert got["many"].startswith("GlcompError: ") and "are used by no state" in got["many"], got["many"]
+    assert (
+        got["oom"].startswith("GlcompError: bundle") is False
+        and "could not be allocated: out of GPU memory" in got["oom"]
+    )
+    assert not any(got["live"].values()), got["live"]
+
+
+def test_cli_run_needs_a_predict_entry(
+    good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = _files(good)
+    m, program = json.loads(files["manifest.json"]), json.loads(files["program.json"])
+    del m["entries"]["predict"], program["graphs"]["predict"]
+    d = _write(files | {"manifest.json": _dumps(m), "program.json": _dumps(program)}, tmp_path / "b")
+    glcomp.load(d)  # a valid bundle that can train but not predict
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    assert main(["run", str(d), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npy")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {d}: the bundle has no predict entry point"
