@@ -26,12 +26,28 @@ def test_canonical_renames_node_ids_consistently() -> None:
         "// k3_add: nodes %7, %9\n// from fc\n"
         "float v7(int i0) { return glc_fetch_9(i0, 0) + texture(s9_0, s9_1); }\n"
     )
-    out, renamed = canonical(src)
+    out, renamed, offsets = canonical(src)
     assert "nodes %" not in out and "// from fc" in out
     assert "v0(" in out and "glc_fetch_1(" in out and "s1_0" in out and "s1_1" in out
     assert renamed == {"v7": "v0", "glc_fetch_9": "glc_fetch_1", "s9_0": "s1_0", "s9_1": "s1_1"}
-    other, _ = canonical(src.replace("7", "12").replace("9", "30"))
+    assert offsets == {}
+    other, _, _ = canonical(src.replace("7", "12").replace("9", "30"))
     assert other == out
+
+
+def test_view_offsets_become_uniforms() -> None:
+    def shader(t: int) -> str:
+        return (
+            "uniform int u_page_offset;\n"
+            f"float v7(int i0, int i1) {{\n  return v3(i0, (i1 + {t}), (i0 - 2));\n}}\n"
+            "for (int k = 0; k < (i1 + 4); k++) {}\n"
+        )
+
+    a, _, off_a = canonical(shader(95))
+    b, _, off_b = canonical(shader(94))
+    assert a == b and off_a == {"u_o0": 95, "u_o1": 2} and off_b == {"u_o0": 94, "u_o1": 2}
+    assert "uniform int u_o0;" in a and "(i1 + u_o0)" in a and "(i0 - u_o1)" in a
+    assert "k < (i1 + 4)" in a  # only a view's call of its operand is touched
 
 
 def test_recurrence_steps_share_programs(gl_runtime) -> None:

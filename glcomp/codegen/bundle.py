@@ -272,7 +272,7 @@ def _lower_entry(
     for kernel in kernels:
         rendered = renderer.render(kernel, hypers)
         # Kernels that differ only in node ids (each step of a recurrence) share one program.
-        source, renamed = canonical(rendered.source)
+        source, renamed, offsets = canonical(rendered.source)
         samplers = [(renamed.get(s, s), n, p) for s, n, p in rendered.samplers]
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         if digest not in by_source:
@@ -282,7 +282,7 @@ def _lower_entry(
             programs[pid] = {
                 "fragment": f"{pid}.frag",
                 "samplers": [s for s, _, _ in samplers],
-                "uniforms": [u for u, _ in rendered.uniforms],
+                "uniforms": [u for u, _ in rendered.uniforms] + list(offsets),
                 "outputs": len(kernel.roots),
                 # An upper bound of the loop iterations per fragment, by the analysis loaders
                 # check shaders with (they refuse a shader whose loops may run longer).
@@ -296,7 +296,8 @@ def _lower_entry(
                     "kernel": kernel.name,
                     "program": pid,
                     "samplers": {s: ref(n, p) for s, n, p in samplers},
-                    "uniforms": {u: {"hyper": h} for u, h in rendered.uniforms},
+                    "uniforms": {u: {"hyper": h} for u, h in rendered.uniforms}
+                    | {u: {"int": v} for u, v in offsets.items()},
                     "page_offset": page * out.page_texels,
                     "targets": [ref(r, page) for r in written(kernel)],
                     "blend": kernel.name in blends.blend,

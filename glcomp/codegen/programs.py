@@ -5,7 +5,9 @@ the runtime compiles it once.
 Rendered shaders name their functions and samplers after IR node ids (``v123``,
 ``glc_fetch_123``, ``s123_0``) and open with a comment listing the kernel's nodes. `canonical`
 renumbers those identifiers by first appearance and drops the node list; draws keep their
-kernel name, and the shader keeps its origin comments.
+kernel name, and the shader keeps its origin comments. The constant offsets of index
+expressions that views pass to their operand (``return v5(i0, (i1 + 95), i2);``, a slice at one
+time step) become integer uniforms set per draw, so the steps of a recurrence share a program.
 """
 
 from __future__ import annotations
@@ -14,16 +16,22 @@ import re
 
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
 _NODE_NAME = re.compile(r"\b(v|glc_fetch_|s)(\d+)(_\d+)?\b")
+# A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
+_VIEW_CALL = re.compile(r"^(\s*return v\d+\()(.*)(\);)$", re.MULTILINE)
+_OFFSET = re.compile(r"\((i\d+) ([+-]) (\d+)\)")
+_DECLARATIONS = "uniform int u_page_offset;\n"
+MAX_OFFSET = 1 << 24  # integer uniforms must stay exact in highp int and in JSON numbers
 
 
-def canonical(source: str) -> tuple[str, dict[str, str]]:
+def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
     """The source with node-id identifiers renumbered 0, 1, ... in order of first appearance
-    (one number per node, whatever the prefix) and without the node-list comment, and the
-    renaming applied (old sampler name -> new).
+    (one number per node, whatever the prefix), without the node-list comment and with view
+    offsets lifted into uniforms; the renaming applied (old sampler name -> new) and the value of
+    each offset uniform (``u_o<k>``), which a draw of this program must set.
 
-    Guarantee: a bijective renaming of identifiers the renderer generates from node ids, so the
-    shader computes the same values; two kernels whose sources differ only in those ids get the
-    same text."""
+    Guarantee: a bijective renaming of identifiers the renderer generates from node ids, and
+    offsets replaced by uniforms holding the same integers, so the shader computes the same
+    values; two kernels whose sources differ only in those ids and offsets get the same text."""
     source = _NODE_LIST.sub("", source, count=1)
     local: dict[str, int] = {}
     renamed: dict[str, str] = {}
@@ -39,4 +47,22 @@ def canonical(source: str) -> tuple[str, dict[str, str]]:
         renamed[m.group(0)] = new
         return new
 
-    return _NODE_NAME.sub(rename, source), renamed
+    source = _NODE_NAME.sub(rename, source)
+    offsets: dict[str, int] = {}
+
+    def lift(m: re.Match[str]) -> str:
+        value = int(m.group(3))
+        if value > MAX_OFFSET:
+            return m.group(0)
+        name = f"u_o{len(offsets)}"
+        offsets[name] = value
+        return f"({m.group(1)} {m.group(2)} {name})"
+
+    def lift_call(m: re.Match[str]) -> str:
+        return m.group(1) + _OFFSET.sub(lift, m.group(2)) + m.group(3)
+
+    lifted = _VIEW_CALL.sub(lift_call, source)
+    if not offsets or _DECLARATIONS not in lifted:  # nothing to lift, or nowhere to declare it
+        return source, renamed, {}
+    decl = "".join(f"uniform int {name};\n" for name in offsets)
+    return lifted.replace(_DECLARATIONS, _DECLARATIONS + decl, 1), renamed, offsets

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from glcomp.codegen.programs import MAX_OFFSET
 from glcomp.errors import GlcompError
 
 FORMAT = "glcomp-bundle"
@@ -563,8 +564,12 @@ def validate_manifest(
             )
             for u, src in uniforms.items():
                 c.need(
-                    isinstance(src, dict) and _is_str_in(src.get("hyper"), hyper),
-                    f"{field}.uniforms.{u} must name a hyper-parameter",
+                    isinstance(src, dict)
+                    and (
+                        (list(src) == ["hyper"] and _is_str_in(src["hyper"], hyper))
+                        or (list(src) == ["int"] and _is_int(src["int"]) and abs(src["int"]) <= MAX_OFFSET)
+                    ),
+                    f"{field}.uniforms.{u} must name a hyper-parameter or hold an integer offset",
                 )
             targets = d.get("targets")
             c.need(

@@ -459,7 +459,7 @@ class GLRuntime:
                 prog[sampler].value = unit
         for uniform, src in d["uniforms"].items():
             if uniform in prog:
-                prog[uniform].value = float(self.hyper[src["hyper"]])
+                prog[uniform].value = int(src["int"]) if "int" in src else float(self.hyper[src["hyper"]])
         if "u_page_offset" in prog:
             prog["u_page_offset"].value = d["page_offset"]
         fbo = self._framebuffer(d["targets"])

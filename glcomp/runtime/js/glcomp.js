@@ -26,6 +26,7 @@ const SOFTWARE_RE = /swiftshader|llvmpipe|softpipe|software|basic render|lavapip
 export const DEFAULT_TEXTURE_BUDGET = 2 * 2 ** 30; // bytes of RGBA32F textures a bundle may declare
 export const DEFAULT_LOOP_BUDGET = 2 ** 32; // loop iterations one draw may run
 const MAX_INT = 2 ** 40;
+const MAX_OFFSET = 2 ** 24; // integer uniforms (view offsets): exact in highp int
 const MAX_DIMS = 32;
 const MAX_PROGRAMS = 4096;
 const MAX_JSON_BYTES = 64 * 2 ** 20;
@@ -280,8 +281,10 @@ export function validateManifest(m, shaderNames, options = {}) {
       const uniforms = c.dict(d.uniforms, `${field}.uniforms`);
       c.need(sameList(sortedKeys(uniforms), [...prog.uniforms].sort()), `${field}: uniforms do not match the program`);
       for (const [u, src] of Object.entries(uniforms)) {
-        c.need(isObj(src) && typeof src.hyper === "string" && Object.hasOwn(hyper, src.hyper),
-          `${field}.uniforms.${u} must name a hyper-parameter`);
+        const keys = isObj(src) ? Object.keys(src) : [];
+        c.need(keys.length === 1 && ((keys[0] === "hyper" && typeof src.hyper === "string" && Object.hasOwn(hyper, src.hyper))
+          || (keys[0] === "int" && isInt(src.int) && Math.abs(src.int) <= MAX_OFFSET)),
+          `${field}.uniforms.${u} must name a hyper-parameter or hold an integer offset`);
       }
       const targets = d.targets;
       c.need(Array.isArray(targets) && targets.length === prog.outputs, `${field}: one target per program output expected`);
@@ -1368,7 +1371,9 @@ export class Runtime {
       unit++;
     }
     for (const [uniform, src] of Object.entries(d.uniforms)) {
-      if (loc[uniform]) gl.uniform1f(loc[uniform], this.hyper[src.hyper]);
+      if (!loc[uniform]) continue;
+      if ("int" in src) gl.uniform1i(loc[uniform], src.int);
+      else gl.uniform1f(loc[uniform], this.hyper[src.hyper]);
     }
     if (loc.u_page_offset) gl.uniform1i(loc.u_page_offset, d.page_offset);
     gl.bindFramebuffer(gl.FRAMEBUFFER, this._framebuffer(d.targets));
