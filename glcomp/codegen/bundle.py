@@ -8,7 +8,6 @@ schema in glcomp/codegen/schema.py. Nothing in a bundle is ever executed as Pyth
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -320,7 +319,3 @@ def load_bundle(directory: str | Path) -> Bundle:
     from glcomp.codegen.schema import read_bundle
 
     return read_bundle(Path(directory))
-
-
-def manifest_json(bundle: Bundle) -> str:
-    return json.dumps(bundle.manifest, indent=1, sort_keys=True)

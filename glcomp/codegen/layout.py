@@ -34,10 +34,6 @@ class Layout:
     def page_texels(self) -> int:
         return self.width * self.height
 
-    @property
-    def nbytes(self) -> int:
-        return self.page_texels * self.pages * 16
-
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["shape"] = list(self.shape)
@@ -62,8 +58,3 @@ def layout_for(shape: tuple[int, ...], max_size: int, width: int | None = None) 
         width = height = max_size
         pages = math.ceil(texels / (max_size * max_size))
     return Layout(tuple(shape), rows, row_len, row_texels, texels, width, height, pages)
-
-
-def common_layout(layouts: list[Layout]) -> tuple[int, int]:
-    """The texture size a group of render targets shares (WebGL 2 needs one size per framebuffer)."""
-    return max(lay.width for lay in layouts), max(lay.height for lay in layouts)

@@ -117,9 +117,6 @@ class Graph:
     def nodes(self) -> list[int]:
         return sorted(self.g.nodes)
 
-    def inputs_with_role(self, role: str) -> dict[str, int]:
-        return {k: v for k, v in self.inputs.items() if self.attrs(v)["role"] == role}
-
     def copy(self) -> Graph:
         new = Graph()
         new.g = self.g.copy()

@@ -631,17 +631,6 @@ def reduce(op: str, t: Tensor, dim: int | Sequence[int] | None, keepdim: bool) -
     return reshape(out, tuple(s for i, s in enumerate(t.shape) if i not in axes))
 
 
-def sum_to_shape(t: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """Sum `t` over the axes that broadcasting expanded from `shape` (un-broadcasting)."""
-    if t.shape == shape:
-        return t
-    lead = t.ndim - len(shape)
-    padded = (1,) * lead + tuple(shape)
-    axes = tuple(i for i, (s, o) in enumerate(zip(padded, t.shape, strict=True)) if s == 1 and o != 1)
-    out = prim("sum", t, axes=axes) if axes else t
-    return reshape(out, tuple(shape))
-
-
 def reshape(t: Tensor, shape: tuple[int, ...]) -> Tensor:
     shape = tuple(int(s) for s in shape)
     if shape.count(-1) > 1:
