@@ -21,6 +21,45 @@ _VIEW_CALL = re.compile(r"^(\s*return v\d+\()(.*)(\);)$", re.MULTILINE)
 _OFFSET = re.compile(r"\((i\d+) ([+-]) (\d+)\)")
 _DECLARATIONS = "uniform int u_page_offset;\n"
 MAX_OFFSET = 1 << 24  # integer uniforms must stay exact in highp int and in JSON numbers
+# Helper functions of the shared prelude (glc_*, imod, iclamp): kept only where called.
+_HELPER = re.compile(r"^(?:float|int|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE)
+
+
+def drop_unused_helpers(source: str) -> str:
+    """The source without the prelude helper functions (and their comment lines) that nothing
+    calls, so every shader compiles only what it uses.
+
+    Guarantee: only top-level helper definitions whose name no remaining code mentions are
+    removed; a helper used by another kept helper stays."""
+    lines = source.split("\n")
+    spans: dict[str, tuple[int, int]] = {}  # helper -> (first line incl. comments, end line)
+    for i, line in enumerate(lines):
+        m = _HELPER.match(line)
+        if not m:
+            continue
+        end = i
+        if line.count("{") != line.count("}"):
+            while end + 1 < len(lines) and lines[end] != "}":
+                end += 1
+        start = i
+        while start > 0 and lines[start - 1].startswith("//") and not lines[start - 1].startswith("// from"):
+            start -= 1
+        spans[m.group(1)] = (start, end)
+    removed: set[str] = set()
+    while True:
+        kept = ["\n".join(lines[a : b + 1]) if name not in removed else "" for name, (a, b) in spans.items()]
+        outside = [line for k, line in enumerate(lines) if not any(a <= k <= b for a, b in spans.values())]
+        text = "\n".join(outside + kept)
+        unused = {
+            name
+            for name in spans
+            if name not in removed and len(re.findall(rf"\b{name}\(", text)) <= 1  # its own definition
+        }
+        if not unused:
+            break
+        removed |= unused
+    drop = {k for name in removed for k in range(spans[name][0], spans[name][1] + 1)}
+    return "\n".join(line for k, line in enumerate(lines) if k not in drop)
 
 
 def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
@@ -32,7 +71,7 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
     Guarantee: a bijective renaming of identifiers the renderer generates from node ids, and
     offsets replaced by uniforms holding the same integers, so the shader computes the same
     values; two kernels whose sources differ only in those ids and offsets get the same text."""
-    source = _NODE_LIST.sub("", source, count=1)
+    source = drop_unused_helpers(_NODE_LIST.sub("", source, count=1))
     local: dict[str, int] = {}
     renamed: dict[str, str] = {}
 
