@@ -109,7 +109,8 @@ def test_matmul_vec4_textures_wider_than_rows(dialect: str, gl_runtime: Any):
         (3, 4, 6, 3, 1, 1, True),  # taps reach one texel left and right of the output texel
         (2, 3, 9, 5, 1, 2, True),
         (2, 2, 10, 7, 1, 3, False),  # rows of 10: taps past the row end read as zero
-        (3, 5, 7, 3, 2, 1, True),  # stride 2: scalar input reads, weights still from texels
+        (3, 5, 7, 3, 2, 1, True),  # stride 2: the taps of four outputs span three texels
+        (2, 3, 12, 5, 3, 2, False),
     ],
 )
 def test_conv2d_vec4_matches_reference(c, o, size, k, stride, pad, bias, dialect: str, gl_runtime: Any):
@@ -119,6 +120,27 @@ def test_conv2d_vec4_matches_reference(c, o, size, k, stride, pad, bias, dialect
     assert vec4_calls(prog) >= 1
     out = (size + 2 * pad - k) // stride + 1
     check(prog, gl_runtime, (2, o, out, out), seed=k)
+
+
+class ScaledConv(nn.Module):
+    """conv2d(x * 2): the input is a fused expression, read by scalar calls."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, stride=stride, padding=1)
+
+    def forward(self, x: Any) -> Any:
+        return self.conv(x * 2.0)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv2d_vec4_fused_input(stride: int, dialect: str, gl_runtime: Any):
+    glcomp.manual_seed(9)
+    prog = glcomp.compile(ScaledConv(stride), {"x": (2, 2, 7, 7)}, loss=SumLoss(), target=dialect)
+    sources = [s for name, s in build_bundle(prog).shaders.items() if name.endswith(".frag")]
+    assert any("wok0_0" in s for s in sources)  # the scalar-input form of root4
+    out = (7 + 2 - 3) // stride + 1
+    check(prog, gl_runtime, (2, 3, out, out))
 
 
 def test_conv2d_vec4_split_loop(dialect: str, gl_runtime: Any):

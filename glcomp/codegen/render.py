@@ -296,9 +296,9 @@ class KernelRenderer:
         if g.op(n) == "conv2d":
             x, w = g.operands(n)
             pw, kw, sw = g.attrs(n)["padding"][1], g.shape(w)[3], g.attrs(n)["stride"][1]
-            dmin, dmax = -pw // 4, (kw + 2 - pw) // 4  # texels of x's row around column x0 // 4
+            dmin, dmax = -pw // 4, (3 * sw + kw - 1 - pw) // 4  # x's row texels from SW * x0 / 4 on
             return self._root4_head(n) | {
-                "x_tex": self._texture(x, textures) if sw == 1 else None,
+                "x_tex": self._texture(x, textures),
                 "w_tex": self._texture(w, textures),
                 "dmin": dmin,
                 "D": dmax - dmin + 1,
