@@ -3,6 +3,7 @@
     python benchmarks/kernels.py                      # matmul n = 256, 512, 1024, conv layers, a reduction
     python benchmarks/kernels.py --large              # also matmul n = 2048, 4096
     python benchmarks/kernels.py --only matmul --webgl1 --json out.json
+    python benchmarks/kernels.py --only linear --plain    # with a hand-written vec4-dot shader as yardstick
 
 Each case compiles a one-op model for `predict`, uploads its inputs once and then times its draws
 (the loop kernel and any epilogue): one warm-up pass with ``ctx.finish()``, then `reps` passes
@@ -151,6 +152,69 @@ def time_gl(case: Case, target: str, seconds: float, ctx: Any) -> tuple[float, i
     return ms, len(draws)
 
 
+PLAIN = """#version 300 es
+precision highp float;
+precision highp int;
+uniform sampler2D A;
+uniform sampler2D B;
+out vec4 o;
+void main() {
+  int row = int(gl_FragCoord.y);
+  int c = int(gl_FragCoord.x) * 4;
+  vec4 acc = vec4(0.0);
+  for (int k = 0; k < K4; k++) {
+    vec4 a = texelFetch(A, ivec2(k, row), 0);
+    acc.x += dot(a, texelFetch(B, ivec2(k, c), 0));
+    acc.y += dot(a, texelFetch(B, ivec2(k, c + 1), 0));
+    acc.z += dot(a, texelFetch(B, ivec2(k, c + 2), 0));
+    acc.w += dot(a, texelFetch(B, ivec2(k, c + 3), 0));
+  }
+  o = acc;
+}
+"""
+
+
+def time_plain(n: int, seconds: float, ctx: Any) -> float:
+    """The hand-written vec4-dot shader of A (n x n/4 texels) and the rows of W, in textures shaped
+    for it (not glcomp's layout): a yardstick for the generated matmul kernels."""
+    import moderngl
+
+    vert = "#version 300 es\nin vec2 p;\nvoid main() { gl_Position = vec4(p, 0.0, 1.0); }\n"
+    prog = ctx.program(vertex_shader=vert, fragment_shader=PLAIN.replace("K4", str(n // 4)))
+    rng = np.random.default_rng(0)
+    texs = []
+    for unit, name in enumerate(("A", "B")):
+        t = ctx.texture((n // 4, n), 4, rng.standard_normal(n * n).astype(np.float32).tobytes(), dtype="f4")
+        t.filter = (moderngl.NEAREST, moderngl.NEAREST)
+        t.use(location=unit)
+        prog[name].value = unit
+        texs.append(t)
+    out = ctx.texture((n // 4, n), 4, dtype="f4")
+    fbo = ctx.framebuffer(color_attachments=[out])
+    vbo = ctx.buffer(np.array([-1, -1, 3, -1, -1, 3], np.float32).tobytes())
+    vao = ctx.vertex_array(prog, [(vbo, "2f", "p")])
+    fbo.use()
+    ctx.viewport = (0, 0, n // 4, n)
+
+    def draw() -> None:
+        vao.render(moderngl.TRIANGLES, vertices=3)
+
+    draw()
+    ctx.finish()
+    t0 = time.perf_counter()
+    draw()
+    ctx.finish()
+    reps = max(1, min(200, int(seconds / max(time.perf_counter() - t0, 1e-6))))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        draw()
+    ctx.finish()
+    ms = (time.perf_counter() - t0) / reps * 1e3
+    for obj in [vao, vbo, fbo, out, *texs, prog]:
+        obj.release()
+    return ms
+
+
 def time_torch(case: Case, torch: Any, dev: Any, seconds: float) -> float:
     fn = case.torch_fn(torch, dev)
     for _ in range(3):
@@ -175,6 +239,7 @@ def main() -> None:
     ap.add_argument("--webgl1", action="store_true", help="compile for GLSL ES 1.00 instead of 3.00")
     ap.add_argument("--seconds", type=float, default=1.0, help="target duration of each timed run")
     ap.add_argument("--json", help="write the rows to this file")
+    ap.add_argument("--plain", action="store_true", help="also time a hand-written vec4-dot matmul shader")
     args = ap.parse_args()
 
     sizes = [256, 512, 1024] + ([2048, 4096] if args.large else [])
@@ -220,6 +285,17 @@ def main() -> None:
             line += f" {tms:>10.4f} {row['torch_gflops']:>14.1f}"
         print(line, flush=True)
         rows.append(row)
+    if args.plain:
+        for n in sizes:
+            ms = time_plain(n, args.seconds, ctx)
+            row = {
+                "case": f"plain vec4-dot shader {n}^3",
+                "draws": 1,
+                "gl_ms": ms,
+                "gl_gflops": 2.0 * n**3 / ms / 1e6,
+            }
+            print(f"{row['case']:<36} {1:>5} {ms:>10.3f} {row['gl_gflops']:>11.3f}", flush=True)
+            rows.append(row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"renderer": renderer, "target": target, "rows": rows}, f, indent=1)

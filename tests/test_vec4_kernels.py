@@ -246,3 +246,17 @@ def test_conv2d_weight_grad_vec4_matches_reference(k, pad, dialect: str, gl_runt
         want = ref.state_dict()
         for name, value in gl.state_dict().items():
             np.testing.assert_allclose(value, want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize("size", [4, 6])  # rows of 4: "flat" cache; rows of 6 straddle texels: scalar
+def test_linear_input_grad_through_flatten(size: int, dialect: str, gl_runtime: Any):
+    """Conv, ReLU, Flatten, Linear: the Linear's input gradient is read through a reshape back to
+    the conv's shape (and the ReLU mask), one texel of the product per output texel."""
+    glcomp.manual_seed(10)
+    model = nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(3 * size * size, 5)
+    )
+    prog = glcomp.compile(model, {"x": (2, 2, size, size)}, loss=SumLoss(), target=dialect)
+    sources = [s for name, s in build_bundle(prog).shaders.items() if name.endswith(".frag")]
+    assert any("int glc_f" in s for s in sources) == (size % 4 == 0)
+    check(prog, gl_runtime, (2, 5))

@@ -88,6 +88,12 @@ def _flat(args: list[str], shape: tuple[int, ...]) -> str:
     return " + ".join(terms) or "0"
 
 
+def _squeezable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether shapes `a` and `b` hold the same elements in the same texel rows: equal once
+    size-1 axes are dropped, with the same last axis."""
+    return bool(a) and bool(b) and a[-1] == b[-1] and [s for s in a if s != 1] == [s for s in b if s != 1]
+
+
 @dataclass
 class Rendered:
     source: str
@@ -309,9 +315,10 @@ class KernelRenderer:
             x, gs = g.operands(n)
             pw = g.attrs(n)["padding"][1]
             x_tex, g_tex = self._texture(x, textures), self._texture(gs, textures)
-            if g.attrs(n)["stride"][1] != 1 or x_tex is None or g_tex is None:
+            if x_tex is None or g_tex is None:
                 return None
-            dmin, dmax = -pw // 4, (6 - pw) // 4  # texels of x's row around texel tw + kj0 / 4
+            sw = g.attrs(n)["stride"][1]
+            dmin, dmax = -pw // 4, (3 * sw + 3 - pw) // 4  # x's row texels from SW * tw + kj0 / 4 on
             return self._root4_head(n) | {
                 "x_tex": x_tex,
                 "g_tex": g_tex,
@@ -419,25 +426,29 @@ class KernelRenderer:
             spec["s_tex"] = self._texture(g.operands(a)[0], textures)
         return spec
 
-    def _epilogue_loop(self, root: int, kernel: Kernel) -> tuple[int, bool] | None:
-        """The fused loop node of a single-root map kernel, when the root reads it only through
-        elementwise ops (so at the root's own index; False) or through those and one 2-D
-        transpose (at the swapped index; True)."""
+    def _epilogue_loop(self, root: int, kernel: Kernel) -> tuple[int, str] | None:
+        """The fused loop node of a single-root map kernel and how the root reads it: "same" (through
+        elementwise ops and reshapes that only add or drop size-1 axes: at the root's own index),
+        "transposed" (also through one 2-D transpose: at the swapped index) or "flat" (through
+        reshapes: at the same flat index; both last axes multiples of 4, so a texel of the root is
+        a texel of the loop node)."""
         g = self.graph
         body = set(kernel.body)
 
-        def view(n: int, state: int | None) -> int | None:
-            """Index map after node n: 0 the root's index, 1 transposed, None anything else."""
+        def view(n: int, state: str | None) -> str | None:
             kind = get_op(g.op(n)).kind
             if state is None or kind == "elementwise":
                 return state
-            if g.op(n) == "permute" and tuple(g.attrs(n)["perm"]) == (1, 0):
-                return 1 - state
+            if g.op(n) == "permute" and tuple(g.attrs(n)["perm"]) == (1, 0) and state != "flat":
+                return "transposed" if state == "same" else "same"
+            if g.op(n) == "reshape" and state in ("same", "flat"):
+                squeeze = state == "same" and _squeezable(g.shape(g.operands(n)[0]), g.shape(n))
+                return "same" if squeeze else "flat"
             return None
 
-        found: dict[int, set[int | None]] = {}
-        stack = [(root, view(root, 0))]
-        seen: set[tuple[int, int | None]] = set()
+        found: dict[int, set[str | None]] = {}
+        stack = [(root, view(root, "same"))]
+        seen: set[tuple[int, str | None]] = set()
         while stack:
             m, state = stack.pop()
             if (m, state) in seen:
@@ -455,9 +466,41 @@ class KernelRenderer:
         ((loop, states),) = found.items()
         if len(states) != 1 or None in states:
             return None
-        transposed = states == {1}
-        want = tuple(reversed(g.shape(root))) if transposed else g.shape(root)
-        return (loop, transposed) if g.shape(loop) == want else None
+        (how,) = states
+        rs, ls = g.shape(root), g.shape(loop)
+        if how == "transposed":
+            ok = ls == tuple(reversed(rs))
+        elif how == "flat":
+            ok = bool(rs) and bool(ls) and rs[-1] % 4 == 0 and ls[-1] % 4 == 0
+        else:
+            ok = _squeezable(ls, rs)
+        return (loop, str(how)) if ok else None
+
+    def _cache_call(self, root: int, loop: int, how: str) -> dict[str, Any]:
+        """How the root's root4 fills the cache of `loop` for its texel at (i0, ..., j0): lines to
+        run first, the arguments of the loop's root4 and the loop's first column."""
+        g = self.graph
+        rs, ls = g.shape(root), g.shape(loop)
+        name = self.fn(loop)
+        if how == "transposed":
+            return {"name": name, "pre": [], "args4": "i0, j0", "j0": "j0"}
+        if how == "same":  # the non-1 leading axes correspond in order
+            names = iter(f"i{k}" for k in range(len(rs) - 1) if rs[k] != 1)
+            args = [*("0" if s == 1 else next(names) for s in ls[:-1]), "j0"]
+            return {"name": name, "pre": [], "args4": ", ".join(args), "j0": "j0"}
+        f = f"glc_f{loop}"
+        row = _flat(_args(len(rs) - 1), rs[:-1]) if len(rs) > 1 else "0"
+        lead = []
+        for k in range(len(ls) - 1):
+            expr = f"{f} / {math.prod(ls[k + 1 :])}"
+            lead.append(expr if k == 0 else f"imod({expr}, {ls[k]})")
+        col = f"imod({f}, {ls[-1]})"
+        return {
+            "name": name,
+            "pre": [f"int {f} = ({row}) * {rs[-1]} + j0;"],
+            "args4": ", ".join([*lead, col]),
+            "j0": col,
+        }
 
     # -- whole kernel ----------------------------------------------------------------------------
     def _output(self, n: int) -> dict[str, Any]:
@@ -519,11 +562,11 @@ class KernelRenderer:
                 found = self._epilogue_loop(n, kernel)
                 cache = None
                 if found is not None:
-                    loop, transposed = found
-                    cache = self.root4t(loop, textures) if transposed else self.root4(loop, textures)
+                    loop, how = found
+                    cache = self.root4t(loop, textures) if how == "transposed" else self.root4(loop, textures)
                 if cache is not None:
                     cached[loop] = cache
-                    v4 = self._root4_head(n) | {"caches": [self.fn(loop)]}
+                    v4 = self._root4_head(n) | {"caches": [self._cache_call(n, loop, how)]}
             if v4 is not None:
                 spec["vec4"] = v4
             roots.append(spec)
@@ -531,6 +574,13 @@ class KernelRenderer:
         for n, fn in zip(sorted(inline, key=self.position.__getitem__), ordered):
             if n in cached:
                 fn["spec"] = fn["spec"] | {"vec4": cached[n]}
+            elif get_op(g.op(n)).kind == "reduce":
+                # A reduction to one element per row (mode "L") is texel-wise in any context:
+                # its scalar function returns the first lane of its root4.
+                v4 = self._reduce4(n, textures)
+                if v4 is not None and v4["mode"] == "L":
+                    lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
+                    fn["spec"] = fn["spec"] | {"vec4": v4 | {"single": ", ".join([*lead, "0"])}}
         functions += ordered
         outputs = [self._output(r) for r in kernel.roots]
         for o, spec in zip(outputs, roots):
