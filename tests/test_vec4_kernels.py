@@ -260,3 +260,25 @@ def test_linear_input_grad_through_flatten(size: int, dialect: str, gl_runtime: 
     sources = [s for name, s in build_bundle(prog).shaders.items() if name.endswith(".frag")]
     assert any("int glc_f" in s for s in sources) == (size % 4 == 0)
     check(prog, gl_runtime, (2, 5))
+
+
+@pytest.mark.parametrize(
+    "kind, size, k, stride, pad",
+    [
+        ("max", 8, 2, 2, 0),
+        ("max", 7, 3, 2, 1),
+        ("avg", 9, 3, 1, 1),
+        ("max", 11, 2, 2, 1),
+        ("avg", 10, 3, 3, 1),
+    ],
+)
+def test_pool_vec4_matches_reference(kind, size, k, stride, pad, dialect: str, gl_runtime: Any):
+    """Negative inputs: a max pool that let a padded or out-of-image zero in would be wrong."""
+    model = (nn.MaxPool2d if kind == "max" else nn.AvgPool2d)(k, stride=stride, padding=pad)
+    prog = glcomp.compile(model, {"x": (2, 3, size, size)}, target=dialect)
+    assert vec4_calls(prog) >= 1
+    x = -np.random.default_rng(size).uniform(0.5, 2.0, size=(2, 3, size, size)).astype(np.float32)
+    with gl_runtime(prog) as gl:
+        np.testing.assert_allclose(
+            gl.predict(x=x), prog.runtime("reference").predict(x=x), rtol=RTOL, atol=ATOL
+        )

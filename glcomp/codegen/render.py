@@ -311,6 +311,19 @@ class KernelRenderer:
             }
         if get_op(g.op(n)).kind == "reduce":
             return self._reduce4(n, textures)
+        if g.op(n) in ("max_pool2d", "avg_pool2d"):
+            (x,) = g.operands(n)
+            x_tex = self._texture(x, textures)
+            if x_tex is None:
+                return None
+            pw, kw, sw = g.attrs(n)["padding"][1], g.attrs(n)["kernel"][1], g.attrs(n)["stride"][1]
+            dmin, dmax = -pw // 4, (3 * sw + kw - 1 - pw) // 4  # x's row texels from SW * x0 / 4 on
+            return self._root4_head(n) | {
+                "x_tex": x_tex,
+                "C": g.shape(x)[1],
+                "dmin": dmin,
+                "D": dmax - dmin + 1,
+            }
         if g.op(n) == "conv2d_weight_grad":
             x, gs = g.operands(n)
             pw = g.attrs(n)["padding"][1]
