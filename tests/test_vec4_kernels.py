@@ -1,9 +1,12 @@
 """Loop kernels that compute a whole output texel per fragment (`root4`), against the reference.
 
-Each operand layout that selects a different vec4 path is exercised: A and B stored and read along
-their packed axes, B the transpose of a stored Linear weight (dot with W's rows), fused operands
-(scalar calls shared by the four outputs), an epilogue (bias add) around the loop, K with every
-remainder mod 4 and loops split into nested loops. The generated shaders must take the vec4 path.
+Each operand layout that selects a different vec4 path is exercised. matmul: A and B stored and
+read along their packed axes, B the transpose of a stored Linear weight (dot with W's rows), fused
+operands (scalar calls shared by the four outputs), K with every remainder mod 4; epilogues read
+through elementwise ops, a transpose (the SGD update of a Linear weight) or a reshape (Flatten).
+conv2d, its input and weight gradients, pooling and reductions: strides, paddings and kernel sizes
+whose taps cross texel and row boundaries, negative inputs where a zero let in would change a max.
+Loops are split into nested loops where the limit allows. The shaders must take the vec4 path.
 """
 
 from __future__ import annotations
