@@ -285,3 +285,22 @@ def test_pool_vec4_matches_reference(kind, size, k, stride, pad, dialect: str, g
         np.testing.assert_allclose(
             gl.predict(x=x), prog.runtime("reference").predict(x=x), rtol=RTOL, atol=ATOL
         )
+
+
+class Reshaped(nn.Module):
+    """x.reshape(6, 8) @ w.reshape(8, 5): operands are reshapes of stored tensors that keep the last
+    axis, so their rows are the stored rows and both are read texel-wise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(np.random.default_rng(11).normal(size=(2, 4, 5)).astype(np.float32))
+
+    def forward(self, x: Any) -> Any:
+        return x.reshape(6, 8) @ self.w.reshape(8, 5)
+
+
+def test_matmul_vec4_reads_reshaped_operands(dialect: str, gl_runtime: Any):
+    prog = glcomp.compile(Reshaped(), {"x": (2, 3, 8)}, loss=SumLoss(), target=dialect)
+    sources = [s for name, s in build_bundle(prog).shaders.items() if name.endswith(".frag")]
+    assert any("vec4 a = glc_texel" in s and "vec4 b0 = glc_texel" in s for s in sources)
+    check(prog, gl_runtime, (6, 5))

@@ -278,7 +278,13 @@ class KernelRenderer:
 
     # -- vec4 roots ------------------------------------------------------------------------------
     def _texture(self, n: int, textures: set[int]) -> dict[str, Any] | None:
-        """Sampler and geometry of `n` when it is a stored single-page texture of this kernel."""
+        """Sampler and geometry of `n` when it is a stored single-page texture of this kernel, or a
+        fused reshape of one that keeps the last axis (the same rows, so the same texels)."""
+        g = self.graph
+        while (
+            n not in textures and g.op(n) == "reshape" and g.shape(g.operands(n)[0])[-1:] == g.shape(n)[-1:]
+        ):
+            n = g.operands(n)[0]
         if n not in textures or self.layouts[n].pages != 1:
             return None
         lay = self.layouts[n]
