@@ -280,12 +280,12 @@ def test_too_few_texture_units_is_a_clear_error(dialect: str, gl_runtime: Any):
 
 
 def test_split_textures_and_loops_are_exercised(dialect: str, gl_runtime: Any):
-    """A matmul over K=10 with 4-iteration loops and 4x4 textures: the output (9x9) spans several
-    pages and the loop is split into nested loops; the results still match."""
+    """A matmul over K=22 with 4-iteration loops and 4x4 textures: the output (9x9) spans several
+    pages and the loop (K // 4 = 5 steps of 4) is split into nested loops; the results still match."""
     rng = np.random.default_rng(3)
     case = OpCase(
         "matmul",
-        (rng.normal(size=(9, 10)).astype(np.float32), rng.normal(size=(10, 9)).astype(np.float32)),
+        (rng.normal(size=(9, 22)).astype(np.float32), rng.normal(size=(22, 9)).astype(np.float32)),
         {},
     )
     prog = compile_case(case, False, dialect, **SHRUNK)

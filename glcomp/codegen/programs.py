@@ -22,7 +22,7 @@ _OFFSET = re.compile(r"\((i\d+) ([+-]) (\d+)\)")
 _DECLARATIONS = "uniform int u_page_offset;\n"
 MAX_OFFSET = 1 << 24  # integer uniforms must stay exact in highp int and in JSON numbers
 # Helper functions of the shared prelude (glc_*, imod, iclamp): kept only where called.
-_HELPER = re.compile(r"^(?:float|int|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE)
+_HELPER = re.compile(r"^(?:void|float|int|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE)
 
 
 def drop_unused_helpers(source: str) -> str:

@@ -155,6 +155,12 @@ def _flat(args: list[str], shape: tuple[int, ...]) -> str:
     return " + ".join(terms) or "0"
 
 
+def _squeezable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether shapes `a` and `b` hold the same elements in the same texel rows: equal once
+    size-1 axes are dropped, with the same last axis."""
+    return bool(a) and bool(b) and a[-1] == b[-1] and [s for s in a if s != 1] == [s for s in b if s != 1]
+
+
 @dataclass
 class Rendered:
     source: str
@@ -339,6 +345,251 @@ class KernelRenderer:
             raise GlcompError(f"no kernel template for op {op!r}")
         return r
 
+    # -- vec4 roots ------------------------------------------------------------------------------
+    def _texture(self, n: int, textures: set[int]) -> dict[str, Any] | None:
+        """Sampler and geometry of `n` when it is a stored single-page texture of this kernel, or a
+        fused reshape of one that keeps the last axis (the same rows, so the same texels)."""
+        g = self.graph
+        while (
+            n not in textures and g.op(n) == "reshape" and g.shape(g.operands(n)[0])[-1:] == g.shape(n)[-1:]
+        ):
+            n = g.operands(n)[0]
+        if n not in textures or self.layouts[n].pages != 1:
+            return None
+        lay = self.layouts[n]
+        return {"s": f"s{n}_0", "w": lay.width, "h": lay.height, "rt": lay.row_texels}
+
+    def _root4_head(self, n: int) -> dict[str, Any]:
+        rank = len(self.graph.shape(n))
+        lead = [f"i{k}" for k in range(rank - 1)]
+        return {
+            "params4": ", ".join([f"int {a}" for a in lead] + ["int j0"]),
+            "args4": ", ".join([*lead, "j0"]),
+            "last": f"i{rank - 1}",
+            "row_len": self.graph.shape(n)[-1],
+        }
+
+    def root4(self, n: int, textures: set[int]) -> dict[str, Any] | None:
+        """What the family template's `root4` macro needs to compute a whole output texel of loop
+        node `n` at once, or None when `n` keeps the scalar path. `textures` are the kernel's
+        stored leaves (not uniforms): operands among them are read texel-wise."""
+        g = self.graph
+        if g.op(n) == "conv2d":
+            x, w = g.operands(n)
+            pw, kw, sw = g.attrs(n)["padding"][1], g.shape(w)[3], g.attrs(n)["stride"][1]
+            dmin, dmax = -pw // 4, (3 * sw + kw - 1 - pw) // 4  # x's row texels from SW * x0 / 4 on
+            return self._root4_head(n) | {
+                "x_tex": self._texture(x, textures),
+                "w_tex": self._texture(w, textures),
+                "dmin": dmin,
+                "D": dmax - dmin + 1,
+            }
+        if get_op(g.op(n)).kind == "reduce":
+            return self._reduce4(n, textures)
+        if g.op(n) in ("max_pool2d", "avg_pool2d"):
+            (x,) = g.operands(n)
+            x_tex = self._texture(x, textures)
+            if x_tex is None:
+                return None
+            pw, kw, sw = g.attrs(n)["padding"][1], g.attrs(n)["kernel"][1], g.attrs(n)["stride"][1]
+            dmin, dmax = -pw // 4, (3 * sw + kw - 1 - pw) // 4  # x's row texels from SW * x0 / 4 on
+            return self._root4_head(n) | {
+                "x_tex": x_tex,
+                "C": g.shape(x)[1],
+                "dmin": dmin,
+                "D": dmax - dmin + 1,
+            }
+        if g.op(n) == "conv2d_weight_grad":
+            x, gs = g.operands(n)
+            pw = g.attrs(n)["padding"][1]
+            x_tex, g_tex = self._texture(x, textures), self._texture(gs, textures)
+            if x_tex is None or g_tex is None:
+                return None
+            sw = g.attrs(n)["stride"][1]
+            dmin, dmax = -pw // 4, (3 * sw + 3 - pw) // 4  # x's row texels from SW * tw + kj0 / 4 on
+            return self._root4_head(n) | {
+                "x_tex": x_tex,
+                "g_tex": g_tex,
+                "O": g.shape(gs)[1],
+                "C": g.shape(x)[1],
+                "dmin": dmin,
+                "D": dmax - dmin + 1,
+            }
+        if g.op(n) == "conv2d_input_grad":
+            gs, w = g.operands(n)
+            pw, kw = g.attrs(n)["padding"][1], g.shape(w)[3]
+            g_tex = self._texture(gs, textures)
+            if tuple(g.attrs(n)["stride"]) != (1, 1) or g_tex is None:
+                return None
+            dmin, dmax = (pw - kw + 1) // 4, (pw + 3) // 4  # texels of g's row around column x0 // 4
+            return self._root4_head(n) | {
+                "g_tex": g_tex,
+                "w_tex": self._texture(w, textures),
+                "C": g.shape(n)[1],
+                "dmin": dmin,
+                "D": dmax - dmin + 1,
+            }
+        if g.op(n) != "matmul":
+            return None
+        a, b = g.operands(n)
+        spec = self._root4_head(n) | {
+            "K": g.shape(a)[1],
+            "N": g.shape(b)[1],
+            "a": self.fn(a),
+            "b": self.fn(b),
+            "a_tex": self._texture(a, textures),
+            "b_tex": self._texture(b, textures),
+            "w_tex": None,
+        }
+        if spec["b_tex"] is None and g.op(b) == "permute" and tuple(g.attrs(b)["perm"]) == (1, 0):
+            spec["w_tex"] = self._texture(g.operands(b)[0], textures)
+        return spec
+
+    def _reduce4(self, n: int, textures: set[int]) -> dict[str, Any] | None:
+        """root4 of a reduction over a stored single-page input (see reduce.frag.j2): mode "K"
+        when the last axis is kept and the reduced axes are one contiguous block, mode "L" when
+        the last axis is reduced together with every axis after the first of a trailing block."""
+        g = self.graph
+        (src,) = g.operands(n)
+        tex = self._texture(src, textures)
+        shape, axes = g.shape(src), sorted(g.attrs(n)["axes"])
+        rank = len(shape)
+        if tex is None:
+            return None
+        row_strides = [math.prod(shape[k + 1 : rank - 1]) for k in range(rank)]  # rows per index step
+        head = self._root4_head(n)
+        kept = [k for k in range(rank - 1) if k not in axes]
+        if rank - 1 not in axes:
+            if axes != list(range(axes[0], axes[-1] + 1)):
+                return None
+            base = " + ".join(f"i{k} * {row_strides[k]}" for k in kept) or "0"
+            return head | {
+                "mode": "K",
+                "x_tex": tex,
+                "row_base": base,
+                "Q": math.prod(shape[a] for a in axes),
+                "step": row_strides[axes[-1]] * tex["rt"],
+            }
+        first = rank - 1  # the trailing block of reduced axes starts here
+        while first - 1 in axes:
+            first -= 1
+        outer = [a for a in axes if a < first]
+        base = " + ".join(f"i{k} * {row_strides[k]}" for k in kept) or "0"
+        decompose, terms, stride = [], [], 1
+        for a in reversed(outer):
+            expr = "qo" if stride == 1 else f"qo / {stride}"
+            decompose.insert(0, f"int r{a} = {expr if a == outer[0] else f'imod({expr}, {shape[a]})'};")
+            terms.append(f" + r{a} * {row_strides[a]}")
+            stride *= shape[a]
+        return head | {
+            "mode": "L",
+            "x_tex": tex,
+            "row_base": base,
+            "row_outer": "".join(reversed(terms)),
+            "decompose": decompose,
+            "Qo": math.prod(shape[a] for a in outer),
+            "Lc": math.prod(shape[first : rank - 1]) * tex["rt"],
+            "rem": shape[-1] % 4,
+        }
+
+    def root4t(self, n: int, textures: set[int]) -> dict[str, Any] | None:
+        """Like `root4`, for a 2-D loop node read transposed: the macro `root4t` computes the
+        column texel (n[j0 + c, i0])_c. Only matmul has one."""
+        g = self.graph
+        if g.op(n) != "matmul":
+            return None
+        a, b = g.operands(n)
+        spec = {
+            "transposed": True,
+            "last": "i0",  # the cache is read by the row index
+            "args4": "i0, j0",
+            "K": g.shape(a)[1],
+            "M": g.shape(a)[0],
+            "a": self.fn(a),
+            "b": self.fn(b),
+            "s_tex": None,
+            "b_tex": self._texture(b, textures),
+        }
+        if g.op(a) == "permute" and a not in textures:
+            spec["s_tex"] = self._texture(g.operands(a)[0], textures)
+        return spec
+
+    def _epilogue_loop(self, root: int, kernel: Kernel) -> tuple[int, str] | None:
+        """The fused loop node of a single-root map kernel and how the root reads it: "same" (through
+        elementwise ops and reshapes that only add or drop size-1 axes: at the root's own index),
+        "transposed" (also through one 2-D transpose: at the swapped index) or "flat" (through
+        reshapes: at the same flat index; both last axes multiples of 4, so a texel of the root is
+        a texel of the loop node)."""
+        g = self.graph
+        body = set(kernel.body)
+
+        def view(n: int, state: str | None) -> str | None:
+            kind = get_op(g.op(n)).kind
+            if state is None or kind == "elementwise":
+                return state
+            if g.op(n) == "permute" and tuple(g.attrs(n)["perm"]) == (1, 0) and state != "flat":
+                return "transposed" if state == "same" else "same"
+            if g.op(n) == "reshape" and state in ("same", "flat"):
+                squeeze = state == "same" and _squeezable(g.shape(g.operands(n)[0]), g.shape(n))
+                return "same" if squeeze else "flat"
+            return None
+
+        found: dict[int, set[str | None]] = {}
+        stack = [(root, view(root, "same"))]
+        seen: set[tuple[int, str | None]] = set()
+        while stack:
+            m, state = stack.pop()
+            if (m, state) in seen:
+                continue
+            seen.add((m, state))
+            for src in g.operands(m):
+                if src not in body:
+                    continue
+                if get_op(g.op(src)).kind not in FUSED_ROOT:
+                    found.setdefault(src, set()).add(state)
+                else:
+                    stack.append((src, view(src, state)))
+        if len(found) != 1:
+            return None
+        ((loop, states),) = found.items()
+        if len(states) != 1 or None in states:
+            return None
+        (how,) = states
+        rs, ls = g.shape(root), g.shape(loop)
+        if how == "transposed":
+            ok = ls == tuple(reversed(rs))
+        elif how == "flat":
+            ok = bool(rs) and bool(ls) and rs[-1] % 4 == 0 and ls[-1] % 4 == 0
+        else:
+            ok = _squeezable(ls, rs)
+        return (loop, str(how)) if ok else None
+
+    def _cache_call(self, root: int, loop: int, how: str) -> dict[str, Any]:
+        """How the root's root4 fills the cache of `loop` for its texel at (i0, ..., j0): lines to
+        run first, the arguments of the loop's root4 and the loop's first column."""
+        g = self.graph
+        rs, ls = g.shape(root), g.shape(loop)
+        name = self.fn(loop)
+        if how == "transposed":
+            return {"name": name, "pre": [], "args4": "i0, j0", "j0": "j0"}
+        if how == "same":  # the non-1 leading axes correspond in order
+            names = iter(f"i{k}" for k in range(len(rs) - 1) if rs[k] != 1)
+            args = [*("0" if s == 1 else next(names) for s in ls[:-1]), "j0"]
+            return {"name": name, "pre": [], "args4": ", ".join(args), "j0": "j0"}
+        f = f"glc_f{loop}"
+        row = _flat(_args(len(rs) - 1), rs[:-1]) if len(rs) > 1 else "0"
+        lead = []
+        for k in range(len(ls) - 1):
+            expr = f"{f} / {math.prod(ls[k + 1 :])}"
+            lead.append(expr if k == 0 else f"imod({expr}, {ls[k]})")
+        col = f"imod({f}, {ls[-1]})"
+        return {
+            "name": name,
+            "pre": [f"int {f} = ({row}) * {rs[-1]} + j0;"],
+            "args4": ", ".join([*lead, col]),
+            "j0": col,
+        }
+
     # -- whole kernel ----------------------------------------------------------------------------
     def _output(self, n: int) -> dict[str, Any]:
         """How main() maps a texel of root `n`'s texture to its elements."""
@@ -409,8 +660,41 @@ class KernelRenderer:
         # once, in topological order so callees come before callers (rewrites such as transpose
         # push-down create nodes with ids above their readers').
         inline = set(kernel.body) | {r for r in kernel.roots if get_op(g.op(r)).kind in FUSED_ROOT}
-        functions += [self.function(n) for n in sorted(inline, key=self.position.__getitem__)]
+        # vec4 roots: a loop root with a root4 form, or a single map root whose only loop node
+        # (an epilogue operand read at the root's index) has one.
+        textures = {leaf for leaf in kernel.leaves if leaf not in uniform_of}
+        roots, cached = [], {}
+        for n in kernel.roots:
+            spec = self.root(n) | {"template": root_template(g, n)}
+            v4 = self.root4(n, textures)
+            if v4 is None and len(kernel.roots) == 1 and get_op(g.op(n)).kind in FUSED_ROOT:
+                found = self._epilogue_loop(n, kernel)
+                cache = None
+                if found is not None:
+                    loop, how = found
+                    cache = self.root4t(loop, textures) if how == "transposed" else self.root4(loop, textures)
+                if cache is not None:
+                    cached[loop] = cache
+                    v4 = self._root4_head(n) | {"caches": [self._cache_call(n, loop, how)]}
+            if v4 is not None:
+                spec["vec4"] = v4
+            roots.append(spec)
+        ordered = [self.function(n) for n in sorted(inline, key=self.position.__getitem__)]
+        for n, fn in zip(sorted(inline, key=self.position.__getitem__), ordered):
+            if n in cached:
+                fn["spec"] = fn["spec"] | {"vec4": cached[n]}
+            elif get_op(g.op(n)).kind == "reduce":
+                # A reduction to one element per row (mode "L") is texel-wise in any context:
+                # its scalar function returns the first lane of its root4.
+                v4 = self._reduce4(n, textures)
+                if v4 is not None and v4["mode"] == "L":
+                    lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
+                    fn["spec"] = fn["spec"] | {"vec4": v4 | {"single": ", ".join([*lead, "0"])}}
+        functions += ordered
         outputs = [self._output(r) for r in kernel.roots]
+        for o, spec in zip(outputs, roots):
+            if "vec4" in spec:
+                o |= {"vec4": True, "args4": spec["vec4"]["args4"]}
         context = {
             "webgl1": t.webgl1,
             "kernel_name": kernel.name,
@@ -421,7 +705,7 @@ class KernelRenderer:
             "uniforms": [u for u, _ in uniforms],
             "fetches": fetches,
             "functions": functions,
-            "roots": [self.root(n) | {"template": root_template(g, n)} for n in kernel.roots],
+            "roots": roots,
             "max_loop": t.max_loop_iterations,
             "width": self.layouts[kernel.roots[0]].width,
         }
