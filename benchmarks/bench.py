@@ -203,15 +203,19 @@ def _torch_model(name: str) -> Any:
     return TorchLastStep(), lambda p: torch.optim.Adam(p, lr=1e-3)
 
 
-def bench_torch(w: Workload, warmup: int, steps: int) -> dict[str, Any]:
-    """The same model and optimizer in PyTorch on the CPU (its default thread count)."""
+def bench_torch(w: Workload, warmup: int, steps: int, device: str = "cpu") -> dict[str, Any]:
+    """The same model and optimizer in PyTorch, eager, on the CPU (its default thread count) or
+    on CUDA (FP32, TF32 off); each step reads its loss back, as glcomp's train_step does."""
     import torch
 
     torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     model, make_opt = _torch_model(w.name)
+    model = model.to(device)
     opt = make_opt(model.parameters())
     loss_fn = torch.nn.CrossEntropyLoss()
-    x, y = (torch.from_numpy(a) for a in _batch(w))
+    x, y = (torch.from_numpy(a).to(device) for a in _batch(w))
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
@@ -355,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
         "--steps", action="append", default=[], metavar="N|NAME=N", help="timed steps (default 30)"
     )
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
-    parser.add_argument("--runtimes", default="gl,reference,torch", help="comma-separated subset")
+    parser.add_argument(
+        "--runtimes",
+        default="gl,reference,torch",
+        help="comma-separated subset of gl,reference,torch,torch_cuda",
+    )
     parser.add_argument(
         "--passes",
         action="append",
@@ -390,8 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         for runtime in runtimes:
             for passes, label in zip(settings, labels) if runtime == "gl" else [({}, "-")]:
                 print(f"  {name} / {runtime} / {label} ...", file=sys.stderr, flush=True)
-                if runtime == "torch":
-                    rec = bench_torch(w, args.warmup, steps[name])
+                if runtime in ("torch", "torch_cuda"):
+                    rec = bench_torch(
+                        w, args.warmup, steps[name], "cuda" if runtime == "torch_cuda" else "cpu"
+                    )
                 else:
                     rec = bench_glcomp(w, runtime, passes, args.warmup, steps[name])
                 results.append(

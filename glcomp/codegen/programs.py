@@ -30,9 +30,9 @@ def drop_unused_helpers(source: str) -> str:
     calls, so every shader compiles only what it uses.
 
     Guarantee: only top-level helper definitions whose name no remaining code mentions are
-    removed; a helper used by another kept helper stays."""
+    removed (all overloads of a name go together); a helper used by another kept helper stays."""
     lines = source.split("\n")
-    spans: dict[str, tuple[int, int]] = {}  # helper -> (first line incl. comments, end line)
+    spans: list[tuple[str, int, int]] = []  # (helper, first line incl. its comments, last line)
     for i, line in enumerate(lines):
         m = _HELPER.match(line)
         if not m:
@@ -44,21 +44,20 @@ def drop_unused_helpers(source: str) -> str:
         start = i
         while start > 0 and lines[start - 1].startswith("//") and not lines[start - 1].startswith("// from"):
             start -= 1
-        spans[m.group(1)] = (start, end)
+        spans.append((m.group(1), start, end))
     removed: set[str] = set()
     while True:
-        kept = ["\n".join(lines[a : b + 1]) if name not in removed else "" for name, (a, b) in spans.items()]
-        outside = [line for k, line in enumerate(lines) if not any(a <= k <= b for a, b in spans.values())]
-        text = "\n".join(outside + kept)
-        unused = {
-            name
-            for name in spans
-            if name not in removed and len(re.findall(rf"\b{name}\(", text)) <= 1  # its own definition
-        }
+        unused = set()
+        for name in {n for n, _, _ in spans} - removed:
+            # Code outside this helper's own definitions and outside removed helpers.
+            skip = {k for n, a, b in spans if n == name or n in removed for k in range(a, b + 1)}
+            text = "\n".join(line for k, line in enumerate(lines) if k not in skip)
+            if not re.search(rf"\b{name}\(", text):
+                unused.add(name)
         if not unused:
             break
         removed |= unused
-    drop = {k for name in removed for k in range(spans[name][0], spans[name][1] + 1)}
+    drop = {k for n, a, b in spans if n in removed for k in range(a, b + 1)}
     return "\n".join(line for k, line in enumerate(lines) if k not in drop)
 
 
