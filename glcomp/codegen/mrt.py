@@ -116,6 +116,10 @@ def _pays(
     return merged <= separate + DRAW_COST
 
 
+def _has_fused_loop(graph: Graph, k: Kernel) -> bool:
+    return any(not _fusible_root(graph, n) for n in k.body)
+
+
 def _root_work(graph: Graph, r: int, leaves: set[int], limit: int) -> int:
     """Work per output element of root `r` in a kernel reading `leaves`: its own loop, or the
     loops fused into it (an epilogue root is elementwise but runs its loop operand's loop)."""
@@ -129,6 +133,11 @@ def _try_merge(
         return None
     roots = g.roots + k.roots
     if any(layouts[r].pages > 1 for r in roots):
+        return None
+    if _has_fused_loop(graph, g) or _has_fused_loop(graph, k):
+        # Cost, not correctness: an epilogue's fused loop runs a whole texel per fragment (root4)
+        # only as the single target of its draw; in a group it would run per element, 4x the
+        # loop work, to save one draw.
         return None
     limit = target.max_loop_iterations
     reads_group = [leaf for leaf in k.leaves if leaf in g.roots]

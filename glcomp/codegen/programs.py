@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
-_NODE_NAME = re.compile(r"\b(v|glc_fetch_|s)(\d+)(_\d+)?\b")
+_NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v)(\d+)(_\d+)?\b")
 # A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
 _VIEW_CALL = re.compile(r"^(\s*return v\d+\()(.*)(\);)$", re.MULTILINE)
 _OFFSET = re.compile(r"\((i\d+) ([+-]) (\d+)\)")
@@ -78,8 +78,6 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
         prefix, node, page = m.group(1), m.group(2), m.group(3)
         if prefix == "s" and page is None:
             return m.group(0)  # s<digits> without a page is not a sampler the renderer names
-        if prefix != "s" and page is not None:
-            return m.group(0)
         index = local.setdefault(node, len(local))
         new = f"{prefix}{index}{page or ''}"
         renamed[m.group(0)] = new
