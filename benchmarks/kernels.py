@@ -26,6 +26,7 @@ import numpy as np
 
 import glcomp
 from glcomp import nn
+from glcomp.runtime.gl import current_context
 
 
 class MatMul(nn.Module):
@@ -135,19 +136,22 @@ def time_gl(case: Case, target: str, seconds: float, ctx: Any) -> tuple[float, i
     x = np.random.default_rng(0).standard_normal(case.x_shape).astype(np.float32)
     rt.run("predict", {"x": x}, read=[])  # upload the input and compile (first draw JITs)
     draws = rt.manifest["entries"]["predict"]["draws"]
-    rt.ctx.finish()
-    t0 = time.perf_counter()
-    for d in draws:
-        rt._draw(d)
-    rt.ctx.finish()
-    once = time.perf_counter() - t0
-    reps = max(1, min(200, int(seconds / max(once, 1e-6))))
-    t0 = time.perf_counter()
-    for _ in range(reps):
+    # Raw draws outside a runtime call: the context must be current (and the GL lock held), or
+    # the draws and finish() would go nowhere.
+    with current_context(rt.ctx):
+        rt.ctx.finish()
+        t0 = time.perf_counter()
         for d in draws:
             rt._draw(d)
-    rt.ctx.finish()
-    ms = (time.perf_counter() - t0) / reps * 1e3
+        rt.ctx.finish()
+        once = time.perf_counter() - t0
+        reps = max(1, min(200, int(seconds / max(once, 1e-6))))
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            for d in draws:
+                rt._draw(d)
+        rt.ctx.finish()
+        ms = (time.perf_counter() - t0) / reps * 1e3
     rt.release()
     return ms, len(draws)
 
@@ -177,6 +181,11 @@ void main() {
 def time_plain(n: int, seconds: float, ctx: Any) -> float:
     """The hand-written vec4-dot shader of A (n x n/4 texels) and the rows of W, in textures shaped
     for it (not glcomp's layout): a yardstick for the generated matmul kernels."""
+    with current_context(ctx):
+        return _time_plain(n, seconds, ctx)
+
+
+def _time_plain(n: int, seconds: float, ctx: Any) -> float:
     import moderngl
 
     vert = "#version 300 es\nin vec2 p;\nvoid main() { gl_Position = vec4(p, 0.0, 1.0); }\n"

@@ -89,6 +89,13 @@ def _current(ctx: Any) -> Iterator[None]:
         yield
 
 
+def current_context(ctx: Any) -> contextlib.AbstractContextManager[None]:
+    """``with current_context(ctx):`` runs raw moderngl calls on `ctx` (benchmarks, probes) the way
+    runtime calls run: under the process-wide GL lock with `ctx` current on this thread. No runtime
+    method may be called inside the block."""
+    return _current(ctx)
+
+
 def _release_now(ctx: Any, objects: list[Any], owns_ctx: bool) -> None:
     """Free `objects` (created in `ctx`), then `ctx` itself when it is owned; needs the GL lock."""
     if not _is_released(ctx):  # a released context took its objects with it
