@@ -285,6 +285,24 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Print the kernel plan of a model (compiled here) or of a saved bundle."""
+    import glcomp
+    from glcomp import nn, optim
+
+    if Path(args.model).is_dir():
+        print(glcomp.load(args.model).explain())
+        return 0
+    inputs = parse_shapes(args.input)
+    if args.optimizer and not args.loss:
+        raise GlcompError("--optimizer needs --loss (cross_entropy or mse)")
+    model = load_model(args.model)
+    loss = getattr(nn, LOSSES[args.loss])() if args.loss else None
+    opt = getattr(optim, OPTIMIZERS[args.optimizer])(lr=args.lr) if args.optimizer else None
+    print(glcomp.compile(model, inputs, loss, opt, target=args.target).explain())
+    return 0
+
+
 # -- run -----------------------------------------------------------------------------------------
 def predict_batched(rt: Any, specs: dict[str, tuple[int, ...]], feeds: dict[str, np.ndarray]) -> Any:
     """Run `rt.predict` over inputs of any leading size N with a program compiled for batch B:
@@ -646,6 +664,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="add a train_step entry point")
     p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("explain", help="print the kernel plan of a model or bundle: draws and estimated work")
+    p.add_argument("model", metavar="MODULE:ATTR|DIR", help="a model as for compile, or a bundle directory")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=SHAPE", help="e.g. x=64,1,8,8")
+    p.add_argument("--target", default="webgl2", choices=["webgl2", "webgl1"])
+    p.add_argument(
+        "--loss", choices=sorted(LOSSES), help="explain gradients (and train_step with --optimizer)"
+    )
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="explain a train_step entry point")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("run", help="run a bundle's predict on .npy inputs")
     p.add_argument("bundle", metavar="DIR")

@@ -144,6 +144,14 @@ class Program:
         weights, program.json), atomically: see `Bundle.save`. `glcomp.load` reads it back."""
         return self.bundle().save(directory)
 
+    def explain(self) -> str:
+        """The lowered program as text: per entry point each draw with its kernel, program,
+        targets, viewport and estimated work (largest first), then texture memory."""
+        from glcomp.codegen.explain import explain
+
+        lowered = self._lowered()
+        return explain(lowered.manifest, lowered.shaders)
+
     def __repr__(self) -> str:
         count = sum(int(np.size(v)) for v in self.params.values())
         text = (

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import glcomp
-from glcomp.cli import load_source, main
+from glcomp.cli import load_model, load_source, main
+from glcomp.codegen.explain import draw_costs
 
 MODEL = """
 import glcomp
@@ -270,3 +271,28 @@ def test_train_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     example.write_text(textwrap.dedent("def build():\n    return {'model': 1}\n"))
     assert main(["train", str(example)]) == 2
     assert "returned no" in _error(capsys)
+
+
+def test_explain_model_and_bundle(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [f"{model_file}:net", "--input", "x=8,4", "--loss", "cross_entropy", "--optimizer", "sgd"]
+    assert main(["explain", *args]) == 0
+    text = capsys.readouterr().out
+    for entry in ("predict", "gradients", "train_step"):
+        assert f"{entry}: " in text and " draws, " in text
+    prog = glcomp.compile(
+        load_model(f"{model_file}:net"), {"x": (8, 4)}, glcomp.nn.CrossEntropyLoss(), glcomp.optim.SGD(lr=0.1)
+    )
+    manifest = prog.bundle().manifest
+    n = len(manifest["entries"]["train_step"]["draws"])
+    assert f"train_step: {n} draws" in text
+    assert "0 (Linear)" in text  # each draw names the model parts it computes
+    # The estimate: viewport texels x loop iterations per texel, summed per entry.
+    want = sum(draw_costs(manifest, "train_step"))
+    assert f"estimated work {want:,} texel-loop iterations" in text
+    prog.save(tmp_path / "b")
+    assert main(["explain", str(tmp_path / "b")]) == 0
+    assert f"train_step: {n} draws" in capsys.readouterr().out
+    assert main(["explain", f"{model_file}:net", "--input", "x=8,4", "--optimizer", "sgd"]) == 2
+    _error(capsys)
