@@ -1,6 +1,7 @@
 """Graph-to-graph passes; each module exports one pure function of the same name."""
 
 from glcomp.ir.passes.autodiff import autodiff
+from glcomp.ir.passes.split_reductions import split_reductions
 from glcomp.ir.passes.transpose_pushdown import transpose_pushdown
 
-__all__ = ["autodiff", "transpose_pushdown"]
+__all__ = ["autodiff", "split_reductions", "transpose_pushdown"]

@@ -1,0 +1,74 @@
+"""Split long reductions with few outputs into two reductions, so both run in parallel.
+
+A fragment shader computes one output texel per fragment, so ``sum`` over N*H*W elements into C
+values (a convolution's bias gradient) loops N*H*W times in C/4 fragments: almost no parallelism
+on any GPU. Reducing in two stages, first over the trailing reduced axes (many outputs, a short
+loop each), then over the rest (few outputs, a short loop), spreads the work over many fragments:
+
+    sum(x[N,C,H,W], axes=(0,2,3))  ->  sum(sum(x, axes=(2,3)), axes=(0,))
+
+A single reduced axis that is not the last one is split in two through a reshape (which keeps the
+last axis, so the first stage still reads texels along it). ``max`` splits the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+from glcomp.ir.graph import Graph, origin
+from glcomp.ir.passes.transpose_pushdown import _replace
+
+LONG = 256  # reductions at least this long are split...
+FEW = 1024  # ...when they produce at most this many values
+
+
+def _stages(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(first-stage axes, second-stage axes) splitting the reduced axes by position so the longer
+    of the two loops is as short as possible; None when there is only one axis."""
+    best = None
+    for cut in range(1, len(axes)):
+        outer, inner = axes[:cut], axes[cut:]
+        cost = max(math.prod(shape[a] for a in inner), math.prod(shape[a] for a in outer))
+        if best is None or cost < best[0]:
+            best = (cost, inner, outer)
+    return None if best is None else (best[1], best[2])
+
+
+def _split(graph: Graph, n: int) -> int | None:
+    op, (x,) = graph.op(n), graph.operands(n)
+    shape, axes = graph.shape(x), tuple(graph.attrs(n)["axes"])
+    extent = math.prod(shape[a] for a in axes)
+    if extent < LONG or math.prod(graph.shape(n)) > FEW:
+        return None
+    stages = _stages(shape, axes)
+    with origin(graph.node(n)["origin"]):
+        if stages is not None:
+            inner, outer = stages
+            return graph.add(op, [graph.add(op, [x], axes=inner)], axes=outer)
+        (a,) = axes
+        if a == len(shape) - 1:
+            return None  # splitting the packed axis would make the first stage read per element
+        p = 1 << (max(0, (shape[a] - 1).bit_length()) // 2)  # about sqrt(L), a power of two
+        while shape[a] % p:
+            p //= 2
+        if p < 2:
+            return None
+        split = (*shape[:a], p, shape[a] // p, *shape[a + 1 :])
+        y = graph.add(op, [graph.add(op, [graph.add("reshape", [x], shape=split)], axes=(a + 1,))], axes=(a,))
+        return graph.add("reshape", [y], shape=graph.shape(n))
+
+
+def split_reductions(graph: Graph) -> Graph:
+    """After this pass no ``sum`` or ``max`` reduces `LONG` or more elements into at most `FEW`
+    values when its reduced axes can be split (several axes, or one axis that is not the last).
+
+    Requires a valid graph; the result computes the same outputs up to the order of additions
+    (``max`` exactly) and is pruned of the nodes it replaced.
+    """
+    g = graph.copy()
+    for n in g.topo():
+        if g.op(n) in ("sum", "max"):
+            new = _split(g, n)
+            if new is not None:
+                _replace(g, n, new)
+    return g.prune()
