@@ -71,6 +71,8 @@ def _step(
 
 def _mode(kind: str, nonlinearity: str) -> str:
     if kind != "RNN":
+        if nonlinearity != "tanh":
+            raise GlcompError(f"{kind}: nonlinearity is an argument of RNN only, got {nonlinearity!r}")
         return kind
     if nonlinearity not in ("tanh", "relu"):
         raise GlcompError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
