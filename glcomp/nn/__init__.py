@@ -4,7 +4,6 @@ from glcomp.nn import functional, init
 from glcomp.nn.layers import (
     ELU,
     GELU,
-    LSTM,
     AvgPool2d,
     BatchNorm1d,
     BatchNorm2d,
@@ -45,11 +44,14 @@ from glcomp.nn.layers import (
     Unflatten,
 )
 from glcomp.nn.module import Module, Parameter
+from glcomp.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 __all__ = [
     "ELU",
     "GELU",
+    "GRU",
     "LSTM",
+    "RNN",
     "AvgPool2d",
     "BCELoss",
     "BCEWithLogitsLoss",
@@ -62,12 +64,14 @@ __all__ = [
     "Dropout2d",
     "Embedding",
     "Flatten",
+    "GRUCell",
     "Hardswish",
     "Hardtanh",
     "HuberLoss",
     "Identity",
     "KLDivLoss",
     "L1Loss",
+    "LSTMCell",
     "LayerNorm",
     "LeakyReLU",
     "Linear",
@@ -80,6 +84,7 @@ __all__ = [
     "ModuleList",
     "NLLLoss",
     "Parameter",
+    "RNNCell",
     "ReLU",
     "ReLU6",
     "Sequential",

@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 
 from glcomp.errors import GlcompError
-from glcomp.ir.tensor import Tensor, _fail, stack
+from glcomp.ir.tensor import Tensor, _fail
 from glcomp.nn import functional as F
 from glcomp.nn.init import fan_in_bound, uniform
 from glcomp.nn.module import Module, Parameter, active_trace
+from glcomp.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell  # noqa: F401 - their home
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -493,68 +494,6 @@ class BatchNorm1d(_BatchNorm):
 
 class BatchNorm2d(_BatchNorm):
     ranks = (4,)
-
-
-class LSTM(Module):
-    """One-layer LSTM with torch's weights and gate order (i, f, g, o), unrolled over time."""
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = False,
-    ) -> None:
-        super().__init__()
-        if num_layers != 1:
-            raise GlcompError("LSTM: only num_layers=1 is supported yet (stack LSTM modules instead)")
-        self.input_size, self.hidden_size, self.batch_first = input_size, hidden_size, batch_first
-        k = 1.0 / math.sqrt(hidden_size)
-        self.weight_ih_l0 = Parameter(uniform((4 * hidden_size, input_size), k))
-        self.weight_hh_l0 = Parameter(uniform((4 * hidden_size, hidden_size), k))
-        if bias:
-            self.bias_ih_l0 = Parameter(uniform((4 * hidden_size,), k))
-            self.bias_hh_l0 = Parameter(uniform((4 * hidden_size,), k))
-        else:
-            self.bias_ih_l0 = self.bias_hh_l0 = None
-
-    def forward(self, x: Tensor, hx: Any = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        x = _need(x, "input")
-        if x.ndim != 3 or x.shape[2] != self.input_size:
-            layout = "(N, T, input_size)" if self.batch_first else "(T, N, input_size)"
-            raise _fail(f"input expected shape {layout} with input_size {self.input_size} but got {x.shape}")
-        if hx is not None:
-            raise _fail("LSTM: initial states (h0, c0) are not supported yet; they start at zero")
-        if not self.batch_first:
-            x = x.transpose(0, 1)
-        n, steps, _ = x.shape
-        hsz = self.hidden_size
-        # One matmul projects every time step's input; only the recurrent part is per step.
-        xw = F.linear(x.reshape(n * steps, self.input_size), self.weight_ih_l0, self.bias_ih_l0)
-        xw = xw.reshape(n, steps, 4 * hsz)
-        h = c = None
-        outputs = []
-        for t in range(steps):
-            gates = xw[:, t]
-            if h is not None:  # h starts at zero, so step 0 has no recurrent term
-                gates = gates + h @ self.weight_hh_l0.T
-            if self.bias_hh_l0 is not None:
-                gates = gates + self.bias_hh_l0
-            i = gates[:, 0:hsz].sigmoid()
-            f = gates[:, hsz : 2 * hsz].sigmoid()
-            g = gates[:, 2 * hsz : 3 * hsz].tanh()
-            o = gates[:, 3 * hsz :].sigmoid()
-            c = i * g if c is None else f * c + i * g
-            h = o * c.tanh()
-            outputs.append(h)
-        out = stack(outputs, 1)
-        if not self.batch_first:
-            out = out.transpose(0, 1)
-        return out, (h.unsqueeze(0), c.unsqueeze(0))
-
-    def extra_repr(self) -> str:
-        return f"{self.input_size}, {self.hidden_size}, batch_first={self.batch_first}"
 
 
 _REDUCTIONS = ("mean", "sum", "none")
