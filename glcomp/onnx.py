@@ -115,6 +115,13 @@ class OnnxModule(Module):
                     + f", which glcomp does not support; supported ops: {', '.join(SUPPORTED_OPS)}"
                 )
         initializers = {t.name: t for t in graph.initializer}
+        # Exporters deduplicate equal initializers through Identity nodes (torch turns a fresh
+        # BatchNorm's running_var into Identity(weight)): each such output is a state of its own.
+        for node in list(self._nodes):
+            if node.op == "Identity" and node.inputs[0] in initializers and node.outputs[0]:
+                if node.outputs[0] not in initializers:
+                    initializers[node.outputs[0]] = initializers[node.inputs[0]]
+                    self._nodes.remove(node)
         slots = _initializer_slots(self._nodes, set(initializers))
         taken: set[str] = set()
         self._inputs: dict[str, str] = {}  # ONNX input name -> forward() argument name
@@ -246,7 +253,7 @@ def load(path: str | os.PathLike[str]) -> OnnxModule:
         if not target.is_file():
             raise GlcompError(f"{source}: external data file {location!r} of {tensor.name!r} is missing")
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(source)  # a path: external data resolves beside the model
     except Exception as err:
         raise GlcompError(f"{source}: invalid ONNX model: {err}") from None
     if external:
