@@ -66,6 +66,13 @@ _STATIC_INPUTS: dict[str, frozenset[int]] = {
 _BATCHNORM_STATS = frozenset({3, 4})
 
 
+class _Unsupported:
+    """An output glcomp does not compute (Dropout's mask, MaxPool's indices): an error if used."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
 class _Node:
     """One ONNX node, reduced to what the executor needs."""
 
@@ -187,6 +194,8 @@ class OnnxModule(Module):
             for name in node.inputs:
                 if name not in env:
                     raise node.fail(f"input {name!r} is not computed by any earlier node")
+                if isinstance(env[name], _Unsupported):
+                    raise node.fail(f"input {name!r} is {env[name].what}, which glcomp does not compute")
                 args.append(env[name])
             try:
                 results = _HANDLERS[node.op](self, node, args)
@@ -203,7 +212,7 @@ class OnnxModule(Module):
             value = env.get(name)
             if not isinstance(value, Tensor):
                 raise GlcompError(
-                    f"{self._source}: graph output {name!r} is a constant, not computed from the inputs"
+                    f"{self._source}: graph output {name!r} is not a tensor computed from the inputs"
                 )
             outs.append(value)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -547,15 +556,16 @@ def _pool(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     _spatial_checks(node, t)
     if int(node.attr("ceil_mode", 0)):
         raise node.fail("ceil_mode=1 is not supported")
-    if len(node.outputs) > 1 and node.outputs[1]:
-        raise node.fail("the Indices output of MaxPool is not supported")
     kernel = tuple(int(k) for k in node.attr("kernel_shape"))
     stride = tuple(int(s) for s in node.attr("strides", [1, 1]))
     padding, prelude = _pads_2d(node, t)
     if prelude is not None:
         raise node.fail(f"asymmetric pads {node.attr('pads')} are not supported for pooling")
     if node.op == "MaxPool":
-        return [F.max_pool2d(t, kernel, stride, padding)]
+        return [
+            F.max_pool2d(t, kernel, stride, padding),
+            _Unsupported(f"the indices of MaxPool {node.name!r}"),
+        ]
     y = F.avg_pool2d(t, kernel, stride, padding)
     if any(padding) and not int(node.attr("count_include_pad", 0)):
         y = y / F.avg_pool2d(const(t.graph, 1.0, t.shape), kernel, stride, padding)
@@ -606,23 +616,23 @@ def _batch_norm(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
 def _layer_norm(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     t = _need_tensor(node, x[0])
     axis = _axis(int(node.attr("axis", -1)), t.ndim, node)
-    if len([o for o in node.outputs[1:] if o]):
-        raise node.fail("the Mean and InvStdDev outputs are not supported")
     shape = t.shape[axis:]
     scale = _tensor(x[1], t.graph) if len(x) > 1 and x[1] is not None else None
     bias = _tensor(x[2], t.graph) if len(x) > 2 and x[2] is not None else None
-    return [F.layer_norm(t, shape, scale, bias, float(node.attr("epsilon", 1e-5)))]
+    y = F.layer_norm(t, shape, scale, bias, float(node.attr("epsilon", 1e-5)))
+    return [
+        y,
+        *[_Unsupported(f"the {w} output of LayerNormalization {node.name!r}") for w in ("Mean", "InvStdDev")],
+    ]
 
 
 @_op("Dropout")
 def _dropout(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
-    if len(node.outputs) > 1 and node.outputs[1]:
-        raise node.fail("the mask output of Dropout is not supported")
     ratio = float(node.attr("ratio", 0.5))
     if len(x) > 1 and x[1] is not None:
         ratio = float(_static(x[1], "ratio"))
     t = _need_tensor(node, x[0])
-    return [F.dropout(t, ratio, m.training)]
+    return [F.dropout(t, ratio, m.training), _Unsupported(f"the mask output of Dropout {node.name!r}")]
 
 
 # -- reductions ------------------------------------------------------------------------------------

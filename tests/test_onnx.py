@@ -281,6 +281,8 @@ def test_unsupported_op_names_node_and_supported_ops(tmp_path: Path) -> None:
     message = str(err.value)
     assert "'my_sine'" in message and "'Sin'" in message and "sin.onnx" in message
     assert "supported ops: " in message and "Gemm" in message and "LayerNormalization" in message
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert " ".join(", ".join(glcomp.onnx.SUPPORTED_OPS).split()) in " ".join(readme.split())
 
 
 def test_invalid_and_unsafe_files(tmp_path: Path) -> None:
@@ -343,3 +345,27 @@ def test_cli_compiles_onnx(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     (tmp_path / "bad.onnx").write_bytes(b"nope")
     assert main(["compile", str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "o3"), "--input", "x=4,8"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_dropout_drops_in_train_mode_only(tmp_path: Path) -> None:
+    tmodel = MLP()
+    plain = compile_sgd(glcomp.onnx.load(export(tmodel, (4, 8), tmp_path / "eval.onnx")), (4, 8))
+    path = tmp_path / "train.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            tmodel, (torch.randn(4, 8),), str(path), input_names=["x"], dynamo=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+        )  # fmt: skip
+    assert "Dropout" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    module = glcomp.onnx.load(path)
+    prog = compile_sgd(module, (4, 8))
+    ref = prog.runtime("reference")
+    x, y = data((4, 8), 3)
+    predict_matches(tmodel, ref, x)  # eval mode: the identity
+    ops = {d["op"] for _, d in prog.graphs["gradients"].g.nodes(data=True)}
+    assert "hash_uniform" in ops  # train mode: dropout masks
+    # The same weights without Dropout give other gradients: the masks are applied.
+    assert not np.allclose(
+        ref.gradients(x=x, y=y)["fc1.weight"], plain.runtime("reference").gradients(x=x, y=y)["fc1.weight"]
+    )
