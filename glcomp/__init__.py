@@ -8,6 +8,7 @@ import os
 from glcomp import (
     ir,  # noqa: F401  (populates the op registry)
     nn,
+    onnx,  # ONNX import: the onnx package itself is imported only by glcomp.onnx.load
     optim,
 )
 from glcomp.compiler import compile
@@ -115,6 +116,7 @@ __all__ = [
     "no_grad",
     "ones",
     "ones_like",
+    "onnx",
     "optim",
     "pow",
     "relu",

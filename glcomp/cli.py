@@ -262,19 +262,28 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 # -- compile --------------------------------------------------------------------------------------
 def cmd_compile(args: argparse.Namespace) -> int:
-    """Compile MODULE:ATTR into a bundle directory."""
+    """Compile MODULE:ATTR (or a model.onnx file) into a bundle directory."""
     import glcomp
     from glcomp import nn, optim
     from glcomp.codegen.bundle import build_bundle
 
     out = Path(args.output)
     check_bundle_dir(out)  # fail before the (slow) compile
-    inputs = parse_shapes(args.input)
+    onnx_file = args.model.lower().endswith(".onnx") and ":" not in Path(args.model).name
+    onnx_model = glcomp.onnx.load(args.model) if onnx_file else None
+    if (
+        onnx_model is not None
+        and not args.input
+        and all(None not in shape for shape in onnx_model.input_shapes.values())
+    ):  # an ONNX file with static input shapes needs no --input
+        inputs = dict(onnx_model.input_shapes)
+    else:
+        inputs = parse_shapes(args.input)
     if args.optimizer and not args.loss:
         raise GlcompError("--optimizer needs --loss (cross_entropy or mse)")
     if args.lr <= 0 or not math.isfinite(args.lr):
         raise GlcompError(f"--lr must be a positive number, got {args.lr}")
-    model = load_model(args.model)
+    model = onnx_model if onnx_model is not None else load_model(args.model)
     loss = getattr(nn, LOSSES[args.loss])() if args.loss else None
     opt = getattr(optim, OPTIMIZERS[args.optimizer])(lr=args.lr) if args.optimizer else None
     start = time.perf_counter()
@@ -651,9 +660,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("compile", help="compile MODULE:ATTR into a bundle directory")
+    p = sub.add_parser("compile", help="compile MODULE:ATTR or model.onnx into a bundle directory")
     p.add_argument(
-        "model", metavar="MODULE:ATTR", help="a .py path or module name, and a Module or factory in it"
+        "model",
+        metavar="MODULE:ATTR",
+        help="a .py path or module name, and a Module or factory in it; or an ONNX file (model.onnx)",
     )
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="bundle directory to write")
     p.add_argument(

@@ -1,0 +1,862 @@
+"""ONNX import: ``glcomp.onnx.load("model.onnx")`` turns an ONNX file into a glcomp `Module`.
+
+The module trains like any other (``glcomp.compile(model, {"x": shape}, loss, optimizer)``):
+
+- Float initializers of rank >= 1 that feed computations become Parameters under their ONNX names
+  (``fc1.weight``, ``onnx::MatMul_21``; a name is changed only when it is empty, not printable or
+  taken: then a suffix or replacement characters make it unique and printable), in
+  ``state_dict()`` and in the compiled program. BatchNormalization's mean and variance
+  initializers become buffers (running statistics). Integer initializers, 0-d float ones
+  (exporters' literal scalars) and initializers used only as static arguments (shapes, axes,
+  indices, exponents) stay constants.
+- ``forward`` executes the ONNX graph node by node with glcomp tensor ops while the model is
+  traced. Values known at trace time (constants, ``Shape`` of a tensor: shapes are static at
+  compile time) are numpy arrays, so Shape/Gather/Concat/Reshape chains fold into constants and
+  never reach the compiled program.
+- BatchNormalization normalises with batch statistics in train mode and updates its running
+  statistics as torch does (momentum average with ONNX's ``momentum`` attribute, i.e. 1 - torch's
+  momentum, unbiased variance); in eval mode (``predict``) it uses the running statistics.
+  Dropout is the identity in eval mode and drops in train mode (glcomp's dropout masks).
+
+The ``onnx`` package is optional (``pip install glcomp[onnx]``): importing glcomp never imports it;
+`load` imports it and raises GlcompError when it is missing. The file is checked with
+``onnx.checker`` and external-data paths must stay inside the model's directory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from glcomp.errors import GlcompError
+from glcomp.ir.tensor import Tensor, broadcast_to, cat, const, getitem, permute, reshape, slice_axis
+from glcomp.nn import functional as F
+from glcomp.nn.module import Module, Parameter, active_trace
+
+__all__ = ["SUPPORTED_OPS", "OnnxModule", "load"]
+
+_INSTALL_HINT = "the onnx package is needed to import ONNX models: pip install glcomp[onnx]"
+_FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+_INT64_MAX = 2**63 - 1
+
+# Inputs (by position) that must be known at trace time: they never make an initializer trainable.
+_STATIC_INPUTS: dict[str, frozenset[int]] = {
+    "Reshape": frozenset({1}),
+    "Slice": frozenset({1, 2, 3, 4}),
+    "Unsqueeze": frozenset({1}),
+    "Squeeze": frozenset({1}),
+    "ReduceMean": frozenset({1}),
+    "ReduceSum": frozenset({1}),
+    "ReduceMax": frozenset({1}),
+    "ReduceMin": frozenset({1}),
+    "Pow": frozenset({1}),
+    "Dropout": frozenset({1, 2}),
+    "Gather": frozenset({1}),
+    "Expand": frozenset({1}),
+    "ConstantOfShape": frozenset({0}),
+    "Clip": frozenset({1, 2}),
+    "Shape": frozenset({0}),
+}
+_BATCHNORM_STATS = frozenset({3, 4})
+
+
+class _Unsupported:
+    """An output glcomp does not compute (Dropout's mask, MaxPool's indices): an error if used."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
+class _Node:
+    """One ONNX node, reduced to what the executor needs."""
+
+    def __init__(self, proto: Any, index: int) -> None:
+        from onnx import helper
+
+        self.op = proto.op_type
+        self.domain = proto.domain
+        self.name = proto.name or f"{proto.op_type}_{index}"
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+        self.attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        value = self.attrs.get(key, default)
+        if isinstance(value, bytes):
+            return value.decode()
+        if isinstance(value, list):
+            return [v.decode() if isinstance(v, bytes) else v for v in value]
+        return value
+
+    def fail(self, message: str) -> GlcompError:
+        return GlcompError(f"ONNX node {self.name!r} ({self.op}): {message}")
+
+
+class OnnxModule(Module):
+    """A glcomp Module that runs an ONNX graph; built by `load`.
+
+    ``input_names`` lists forward()'s inputs (ONNX graph input names, made identifiers) and
+    ``input_shapes`` their shapes as the file declares them (None where a dimension is symbolic).
+    ``forward(**inputs)`` returns one tensor for a one-output graph, else a tuple in the graph's
+    output order."""
+
+    def __init__(self, model: Any, source: str) -> None:
+        super().__init__()
+        from onnx import numpy_helper
+
+        graph = model.graph
+        self._source = source
+        self._opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self._nodes = [_Node(n, i) for i, n in enumerate(graph.node)]
+        for node in self._nodes:
+            if node.domain not in ("", "ai.onnx") or node.op not in _HANDLERS:
+                raise GlcompError(
+                    f"{source}: ONNX node {node.name!r} has op type {node.op!r}"
+                    + (f" of domain {node.domain!r}" if node.domain not in ("", "ai.onnx") else "")
+                    + f", which glcomp does not support; supported ops: {', '.join(SUPPORTED_OPS)}"
+                )
+        initializers = {t.name: t for t in graph.initializer}
+        # Exporters deduplicate equal initializers through Identity nodes (torch turns a fresh
+        # BatchNorm's running_var into Identity(weight)): each such output is a state of its own.
+        for node in list(self._nodes):
+            if node.op == "Identity" and node.inputs[0] in initializers and node.outputs[0]:
+                if node.outputs[0] not in initializers:
+                    initializers[node.outputs[0]] = initializers[node.inputs[0]]
+                    self._nodes.remove(node)
+        slots = _initializer_slots(self._nodes, set(initializers))
+        taken: set[str] = set()
+        self._inputs: dict[str, str] = {}  # ONNX input name -> forward() argument name
+        self.input_shapes: dict[str, tuple[int | None, ...]] = {}
+        for value in graph.input:
+            if value.name in initializers:
+                continue
+            arg = _identifier(value.name, taken)
+            taken.add(arg)
+            self._inputs[value.name] = arg
+            dims = value.type.tensor_type.shape.dim
+            self.input_shapes[arg] = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+        self.input_names = list(self._inputs.values())
+        self._state: dict[str, str] = {}  # ONNX initializer name -> parameter or buffer name
+        self._constants: dict[str, np.ndarray] = {}
+        for name, proto in initializers.items():
+            array = numpy_helper.to_array(proto)
+            is_float = proto.data_type in _FLOAT_TYPES
+            kinds = slots.get(name, set())
+            if is_float and array.ndim > 0 and "data" in kinds:
+                key = _state_name(name, taken)
+                self._parameters[key] = Parameter(array.astype(np.float32))
+            elif is_float and array.ndim > 0 and "stats" in kinds:
+                key = _state_name(name, taken)
+                self._buffers[key] = array.astype(np.float32)
+            else:
+                self._constants[name] = array.astype(np.float32) if is_float else array
+                continue
+            taken.add(key)
+            self._state[name] = key
+        self._outputs = [v.name for v in graph.output]
+
+    def forward(self, **inputs: Any) -> Any:
+        unknown = sorted(set(inputs) - set(self.input_names))
+        missing = [n for n in self.input_names if n not in inputs]
+        if unknown or missing:
+            raise GlcompError(
+                f"{self._source}: the ONNX model takes inputs {self.input_names}"
+                + (f"; unknown {unknown}" if unknown else "")
+                + (f"; missing {missing}" if missing else "")
+            )
+        trace = active_trace()
+        env: dict[str, Any] = dict(self._constants)
+        for onnx_name, key in self._state.items():
+            if trace is None or (id(self), key) not in trace.values:
+                raise GlcompError(f"{self._source}: the ONNX model runs only while traced (glcomp.compile)")
+            env[onnx_name] = trace.values[(id(self), key)]
+        for onnx_name, arg in self._inputs.items():
+            value = inputs[arg]
+            if not isinstance(value, Tensor):
+                raise GlcompError(f"{self._source}: input {arg!r} must be a traced tensor")
+            declared = self.input_shapes[arg]
+            fixed = zip(declared, value.shape)
+            if len(declared) != value.ndim or any(d is not None and d != s for d, s in fixed):
+                raise GlcompError(
+                    f"{self._source}: input {arg!r} has shape {value.shape} but the ONNX model declares "
+                    f"{tuple('?' if d is None else d for d in declared)}"
+                )
+            env[onnx_name] = value
+        env[""] = None  # an omitted optional input
+        for node in self._nodes:
+            args = []
+            for name in node.inputs:
+                if name not in env:
+                    raise node.fail(f"input {name!r} is not computed by any earlier node")
+                if isinstance(env[name], _Unsupported):
+                    raise node.fail(f"input {name!r} is {env[name].what}, which glcomp does not compute")
+                args.append(env[name])
+            try:
+                results = _HANDLERS[node.op](self, node, args)
+            except GlcompError as err:
+                message = str(err)
+                if message.startswith("ONNX node "):
+                    raise
+                raise node.fail(message) from None
+            for name, value in zip(node.outputs, results):
+                if name:
+                    env[name] = value
+        outs = []
+        for name in self._outputs:
+            value = env.get(name)
+            if not isinstance(value, Tensor):
+                raise GlcompError(
+                    f"{self._source}: graph output {name!r} is not a tensor computed from the inputs"
+                )
+            outs.append(value)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def extra_repr(self) -> str:
+        return f"{self._source!r}, {len(self._nodes)} nodes, inputs {self.input_names}"
+
+
+# -- loading ---------------------------------------------------------------------------------------
+def load(path: str | os.PathLike[str]) -> OnnxModule:
+    """Load an ONNX file as a trainable glcomp Module (see the module docstring for the mapping).
+
+    The file is validated with ``onnx.checker``; tensors stored as external data must lie inside
+    the model's directory (no absolute paths, no ``..``, no symbolic link out). Every node's op
+    must be supported (`SUPPORTED_OPS`); otherwise GlcompError names the node, its op type and the
+    supported ops. Raises GlcompError (``pip install glcomp[onnx]``) when onnx is not installed."""
+    try:
+        import onnx
+    except ImportError:
+        raise GlcompError(_INSTALL_HINT) from None
+    from onnx import external_data_helper
+
+    source = os.fspath(path)
+    file = Path(source)
+    if not file.is_file():
+        raise GlcompError(f"{source}: no such ONNX file")
+    try:
+        model = onnx.load(source, load_external_data=False)
+    except Exception as err:
+        raise GlcompError(f"{source}: not a readable ONNX model ({type(err).__name__}: {err})") from None
+    base = file.resolve().parent
+    external = [t for t in external_data_helper._get_all_tensors(model) if t.data_location == 1]
+    for tensor in external:
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        target = (base / location).resolve()
+        if (
+            not location
+            or os.path.isabs(location)
+            or ".." in Path(location).parts
+            or not target.is_relative_to(base)
+        ):
+            raise GlcompError(
+                f"{source}: initializer {tensor.name!r} stores its data at {location!r}, outside the "
+                "model's directory; external data must be a relative path inside it"
+            )
+        if not target.is_file():
+            raise GlcompError(f"{source}: external data file {location!r} of {tensor.name!r} is missing")
+    try:
+        onnx.checker.check_model(source)  # a path: external data resolves beside the model
+    except Exception as err:
+        raise GlcompError(f"{source}: invalid ONNX model: {err}") from None
+    if external:
+        try:
+            external_data_helper.load_external_data_for_model(model, str(base))
+        except Exception as err:
+            raise GlcompError(f"{source}: cannot read external data ({err})") from None
+    if len(model.graph.output) == 0:
+        raise GlcompError(f"{source}: the ONNX graph has no outputs")
+    return OnnxModule(model, source)
+
+
+def _initializer_slots(nodes: Sequence[_Node], initializers: set[str]) -> dict[str, set[str]]:
+    """For each initializer, how nodes use it: "data" (a computed operand), "stats"
+    (BatchNormalization's mean/variance) or "static" (shapes, axes, indices, exponents)."""
+    slots: dict[str, set[str]] = {}
+    for node in nodes:
+        for i, name in enumerate(node.inputs):
+            if name not in initializers:
+                continue
+            if i in _STATIC_INPUTS.get(node.op, ()):
+                kind = "static"
+            elif node.op == "BatchNormalization" and i in _BATCHNORM_STATS:
+                kind = "stats"
+            else:
+                kind = "data"
+            slots.setdefault(name, set()).add(kind)
+    return slots
+
+
+_RESERVED = {"lr", "loss", "rng.step", "output"}
+
+
+def _state_name(name: str, taken: set[str]) -> str:
+    """The ONNX name, changed only where needed: printable, non-empty, unique."""
+    clean = "".join(c if c.isprintable() else "_" for c in name) or "initializer"
+    key, n = clean, 1
+    while key in taken or key in _RESERVED:
+        key, n = f"{clean}_{n}", n + 1
+    return key
+
+
+def _identifier(name: str, taken: set[str]) -> str:
+    clean = re.sub(r"\W", "_", name) or "input"
+    if clean[0].isdigit():
+        clean = "_" + clean
+    key, n = clean, 1
+    while key in taken or key in _RESERVED:
+        key, n = f"{clean}_{n}", n + 1
+    return key
+
+
+# -- value helpers ---------------------------------------------------------------------------------
+def _graph_of(values: Sequence[Any]) -> Any:
+    for v in values:
+        if isinstance(v, Tensor):
+            return v.graph
+    return None
+
+
+def _tensor(value: Any, graph: Any) -> Tensor:
+    """A traced tensor for `value` (a constant array becomes graph constants)."""
+    if isinstance(value, Tensor):
+        return value
+    array = np.asarray(value, dtype=np.float32)
+    flat = array.reshape(-1)
+    if flat.size and np.all(flat == flat[0]):
+        return const(graph, float(flat[0]), array.shape)
+    if flat.size > 256:
+        raise GlcompError(
+            f"a constant of shape {array.shape} with distinct values meets a computed tensor; "
+            "glcomp imports such constants up to 256 elements"
+        )
+    return reshape(cat([const(graph, float(v), (1,)) for v in flat]), array.shape)
+
+
+def _static(value: Any, what: str) -> np.ndarray:
+    if isinstance(value, Tensor):
+        raise GlcompError(f"{what} must be a constant known at compile time, not a computed tensor")
+    if value is None:
+        raise GlcompError(f"{what} is missing")
+    return np.asarray(value)
+
+
+def _ints(value: Any, what: str) -> list[int]:
+    return [int(v) for v in _static(value, what).reshape(-1)]
+
+
+def _operands(a: Any, b: Any) -> tuple[Any, Any]:
+    """Both operands as tensors, or a tensor and a Python float (0-d constants)."""
+    graph = _graph_of((a, b))
+
+    def lift(v: Any) -> Any:
+        if isinstance(v, Tensor):
+            return v
+        arr = np.asarray(v)
+        return float(arr) if arr.ndim == 0 else _tensor(arr, graph)
+
+    return lift(a), lift(b)
+
+
+def _axis(axis: int, ndim: int, node: _Node) -> int:
+    if not -ndim <= axis < max(ndim, 1):
+        raise node.fail(f"axis {axis} is out of range for rank {ndim}")
+    return axis % max(ndim, 1)
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(v.shape) if isinstance(v, Tensor) else tuple(np.shape(v))
+
+
+Handler = Callable[[OnnxModule, _Node, list[Any]], list[Any]]
+_HANDLERS: dict[str, Handler] = {}
+
+
+def _op(*names: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        for name in names:
+            _HANDLERS[name] = fn
+        return fn
+
+    return register
+
+
+# -- elementwise -----------------------------------------------------------------------------------
+_BINARY: dict[str, tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any]]] = {
+    "Add": (lambda a, b: a + b, np.add),
+    "Sub": (lambda a, b: a - b, np.subtract),
+    "Mul": (lambda a, b: a * b, np.multiply),
+    "Div": (
+        lambda a, b: a / b,
+        lambda a, b: np.trunc(a / b).astype(a.dtype) if np.issubdtype(a.dtype, np.integer) else a / b,
+    ),
+}
+
+
+@_op(*_BINARY)
+def _binary(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    symbolic, numeric = _BINARY[node.op]
+    a, b = x[0], x[1]
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return [numeric(np.asarray(a), np.asarray(b))]
+    return [symbolic(*_operands(a, b))]
+
+
+@_op("Pow")
+def _pow(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    if not isinstance(x[0], Tensor):
+        if isinstance(x[1], Tensor):
+            raise node.fail("a tensor exponent with a constant base is not supported")
+        return [np.power(np.asarray(x[0]), np.asarray(x[1]))]
+    exponent = _static(x[1], "the exponent")
+    if exponent.size != 1:
+        raise node.fail(f"the exponent must be a scalar, got shape {exponent.shape}")
+    return [x[0].pow(float(exponent.reshape(-1)[0]))]
+
+
+_UNARY: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np.ndarray]]] = {
+    "Sqrt": (lambda t: t.sqrt(), np.sqrt),
+    "Exp": (lambda t: t.exp(), np.exp),
+    "Log": (lambda t: t.log(), np.log),
+    "Neg": (lambda t: -t, np.negative),
+    "Abs": (lambda t: t.abs(), np.abs),
+    "Reciprocal": (lambda t: 1.0 / t, np.reciprocal),
+    "Erf": (F.erf, np.vectorize(math.erf, otypes=[np.float32])),
+    "Relu": (F.relu, lambda a: np.maximum(a, 0)),
+    "Sigmoid": (F.sigmoid, lambda a: 1 / (1 + np.exp(-a))),
+    "Tanh": (F.tanh, np.tanh),
+}
+
+
+@_op(*_UNARY)
+def _unary(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    symbolic, numeric = _UNARY[node.op]
+    if isinstance(x[0], Tensor):
+        return [symbolic(x[0])]
+    return [numeric(np.asarray(x[0]))]
+
+
+def _need_tensor(node: _Node, value: Any) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    raise node.fail("this op is imported for computed tensors only; its input here is a constant")
+
+
+@_op("LeakyRelu")
+def _leaky_relu(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    return [F.leaky_relu(_need_tensor(node, x[0]), float(node.attr("alpha", 0.01)))]
+
+
+@_op("Gelu")
+def _gelu(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    return [F.gelu(_need_tensor(node, x[0]), node.attr("approximate", "none"))]
+
+
+@_op("Clip")
+def _clip(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    lo, hi = node.attr("min"), node.attr("max")
+    if len(x) > 1 and x[1] is not None:
+        lo = float(_static(x[1], "min"))
+    if len(x) > 2 and x[2] is not None:
+        hi = float(_static(x[2], "max"))
+    t = _need_tensor(node, x[0])
+    return [t if lo is None and hi is None else t.clamp(lo, hi)]
+
+
+@_op("Softmax", "LogSoftmax")
+def _softmax(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    t = _need_tensor(node, x[0])
+    fn = F.softmax if node.op == "Softmax" else F.log_softmax
+    axis = _axis(int(node.attr("axis", -1 if m._opset >= 13 else 1)), t.ndim, node)
+    if m._opset >= 13 or axis == t.ndim - 1:
+        return [fn(t, axis)]
+    # Before opset 13 the input is coerced to 2-D at `axis` and normalised over the second part.
+    flat = reshape(t, (math.prod(t.shape[:axis]), math.prod(t.shape[axis:])))
+    return [reshape(fn(flat, 1), t.shape)]
+
+
+# -- linear algebra --------------------------------------------------------------------------------
+@_op("MatMul")
+def _matmul(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    a, b = x
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return [np.matmul(a, b)]
+    graph = _graph_of(x)
+    return [_tensor(a, graph) @ _tensor(b, graph)]
+
+
+@_op("Gemm")
+def _gemm(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    graph = _graph_of(x)
+    if graph is None:
+        raise node.fail("Gemm of constants is not supported")
+    a, b = _tensor(x[0], graph), _tensor(x[1], graph)
+    if a.ndim != 2 or b.ndim != 2:
+        raise node.fail(f"Gemm needs 2-D operands, got {a.shape} and {b.shape}")
+    if node.attr("transA", 0):
+        a = a.T
+    if node.attr("transB", 0):
+        b = b.T
+    y = a @ b
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    if alpha != 1.0:
+        y = y * alpha
+    if len(x) > 2 and x[2] is not None and beta != 0.0:
+        c = x[2] if isinstance(x[2], Tensor) else np.asarray(x[2], np.float32)
+        c = c * beta if beta != 1.0 else c
+        y = y + (c if isinstance(c, Tensor) else _operands(y, c)[1])
+    return [y]
+
+
+def _pads_2d(node: _Node, x: Tensor) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """Symmetric (top, left) padding, or a zero-padding prelude for asymmetric pads."""
+    auto = node.attr("auto_pad", "NOTSET")
+    if auto not in ("NOTSET", "VALID"):
+        raise node.fail(f"auto_pad={auto!r} is not supported; export with explicit pads")
+    pads = [int(p) for p in node.attr("pads", [0, 0, 0, 0])] if auto == "NOTSET" else [0, 0, 0, 0]
+    if len(pads) != 4:
+        raise node.fail(f"only 2-D spatial inputs are supported, got pads {pads}")
+    if pads[0] == pads[2] and pads[1] == pads[3]:
+        return (pads[0], pads[1]), None
+    return (0, 0), (pads[0], pads[2], pads[1], pads[3])
+
+
+def _spatial_checks(node: _Node, x: Tensor) -> None:
+    if x.ndim != 4:
+        raise node.fail(f"only 2-D spatial inputs (N, C, H, W) are supported, got {x.shape}")
+    if any(int(d) != 1 for d in node.attr("dilations", [1, 1])):
+        raise node.fail(f"dilations {node.attr('dilations')} are not supported")
+
+
+@_op("Conv")
+def _conv(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    t = _need_tensor(node, x[0])
+    _spatial_checks(node, t)
+    if int(node.attr("group", 1)) != 1:
+        raise node.fail(f"group={node.attr('group')} is not supported (only group=1)")
+    w = _tensor(x[1], t.graph)
+    padding, prelude = _pads_2d(node, t)
+    if prelude is not None:
+        top, bottom, left, right = prelude
+        t = F.pad(t, (left, right, top, bottom))
+    bias = _tensor(x[2], t.graph) if len(x) > 2 and x[2] is not None else None
+    stride = tuple(int(s) for s in node.attr("strides", [1, 1]))
+    return [F.conv2d(t, w, bias, stride=stride, padding=padding)]
+
+
+@_op("MaxPool", "AveragePool")
+def _pool(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    t = _need_tensor(node, x[0])
+    _spatial_checks(node, t)
+    if int(node.attr("ceil_mode", 0)):
+        raise node.fail("ceil_mode=1 is not supported")
+    kernel = tuple(int(k) for k in node.attr("kernel_shape"))
+    stride = tuple(int(s) for s in node.attr("strides", [1, 1]))
+    padding, prelude = _pads_2d(node, t)
+    if prelude is not None:
+        raise node.fail(f"asymmetric pads {node.attr('pads')} are not supported for pooling")
+    if node.op == "MaxPool":
+        return [
+            F.max_pool2d(t, kernel, stride, padding),
+            _Unsupported(f"the indices of MaxPool {node.name!r}"),
+        ]
+    y = F.avg_pool2d(t, kernel, stride, padding)
+    if any(padding) and not int(node.attr("count_include_pad", 0)):
+        y = y / F.avg_pool2d(const(t.graph, 1.0, t.shape), kernel, stride, padding)
+    return [y]
+
+
+@_op("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    t = _need_tensor(node, x[0])
+    axes = tuple(range(2, t.ndim))
+    return [t.mean(axes, keepdim=True) if node.op == "GlobalAveragePool" else t.amax(axes, keepdim=True)]
+
+
+# -- normalisation ---------------------------------------------------------------------------------
+@_op("BatchNormalization")
+def _batch_norm(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    t = _need_tensor(node, x[0])
+    if t.ndim < 2:
+        raise node.fail(f"input must be (N, C, ...), got {t.shape}")
+    c = t.shape[1]
+    scale, bias, mean, var = (_tensor(v, t.graph) for v in x[1:5])
+    for what, v in (("scale", scale), ("B", bias), ("input_mean", mean), ("input_var", var)):
+        if v.shape != (c,):
+            raise node.fail(f"{what} must have shape ({c},), got {v.shape}")
+    eps, momentum = float(node.attr("epsilon", 1e-5)), float(node.attr("momentum", 0.9))
+    shape = tuple(c if i == 1 else 1 for i in range(t.ndim))
+    extra: list[Any] = []
+    if m.training:
+        axes = tuple(i for i in range(t.ndim) if i != 1)
+        y, batch_mean, batch_var = F.batch_norm_train(t, axes, eps)
+        n = math.prod(t.shape[i] for i in axes)
+        new_mean = mean * momentum + reshape(batch_mean, (c,)) * (1 - momentum)
+        new_var = var * momentum + reshape(batch_var, (c,)) * (n / max(n - 1, 1) * (1 - momentum))
+        trace = active_trace()
+        for onnx_name, value in ((node.inputs[3], new_mean), (node.inputs[4], new_var)):
+            key = m._state.get(onnx_name)
+            if trace is not None and key in m._buffers:
+                trace.buffer_updates[key] = value
+        extra = [new_mean, new_var]
+    else:
+        y = (t - reshape(mean, shape)) / (reshape(var, shape) + eps).sqrt()
+        extra = [mean, var]
+    y = y * reshape(scale, shape) + reshape(bias, shape)
+    return [y, *extra]
+
+
+@_op("LayerNormalization")
+def _layer_norm(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    t = _need_tensor(node, x[0])
+    axis = _axis(int(node.attr("axis", -1)), t.ndim, node)
+    shape = t.shape[axis:]
+    scale = _tensor(x[1], t.graph) if len(x) > 1 and x[1] is not None else None
+    bias = _tensor(x[2], t.graph) if len(x) > 2 and x[2] is not None else None
+    y = F.layer_norm(t, shape, scale, bias, float(node.attr("epsilon", 1e-5)))
+    return [
+        y,
+        *[_Unsupported(f"the {w} output of LayerNormalization {node.name!r}") for w in ("Mean", "InvStdDev")],
+    ]
+
+
+@_op("Dropout")
+def _dropout(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    ratio = float(node.attr("ratio", 0.5))
+    if len(x) > 1 and x[1] is not None:
+        ratio = float(_static(x[1], "ratio"))
+    t = _need_tensor(node, x[0])
+    return [F.dropout(t, ratio, m.training), _Unsupported(f"the mask output of Dropout {node.name!r}")]
+
+
+# -- reductions ------------------------------------------------------------------------------------
+@_op("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
+def _reduce(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    t = x[0]
+    axes = node.attr("axes")
+    if len(x) > 1 and x[1] is not None:
+        axes = _ints(x[1], "axes")
+    keep = bool(node.attr("keepdims", 1))
+    ndim = len(_shape(t))
+    if not axes:
+        if int(node.attr("noop_with_empty_axes", 0)):
+            return [t]
+        axes = list(range(ndim))
+    dims = tuple(sorted(_axis(int(a), ndim, node) for a in axes))
+    if not isinstance(t, Tensor):
+        fn = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}[node.op]
+        return [fn(np.asarray(t), axis=dims, keepdims=keep)]
+    method = {"ReduceMean": t.mean, "ReduceSum": t.sum, "ReduceMax": t.amax, "ReduceMin": t.amin}[node.op]
+    return [method(dims, keepdim=keep)]
+
+
+# -- movement --------------------------------------------------------------------------------------
+def _reshape_any(v: Any, shape: Sequence[int]) -> Any:
+    return reshape(v, tuple(shape)) if isinstance(v, Tensor) else np.reshape(v, tuple(shape))
+
+
+@_op("Reshape")
+def _reshape(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    target = _ints(x[1], "the target shape")
+    current = _shape(x[0])
+    if not int(node.attr("allowzero", 0)):
+        target = [current[i] if s == 0 and i < len(current) else s for i, s in enumerate(target)]
+    known = math.prod(s for s in target if s != -1)
+    if target.count(-1) > 1 or (-1 in target and (known == 0 or math.prod(current) % known)):
+        raise node.fail(f"cannot reshape {current} to {target}")
+    if -1 not in target and math.prod(target) != math.prod(current):
+        raise node.fail(f"cannot reshape {current} to {target}")
+    return [_reshape_any(x[0], target)]
+
+
+@_op("Flatten")
+def _flatten(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    shape = _shape(x[0])
+    axis = int(node.attr("axis", 1))
+    axis = axis + len(shape) if axis < 0 else axis
+    return [_reshape_any(x[0], (math.prod(shape[:axis]), math.prod(shape[axis:])))]
+
+
+@_op("Transpose")
+def _transpose(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    ndim = len(_shape(x[0]))
+    perm = tuple(int(p) for p in node.attr("perm", list(range(ndim))[::-1]))
+    return [permute(x[0], perm) if isinstance(x[0], Tensor) else np.transpose(x[0], perm)]
+
+
+@_op("Concat")
+def _concat(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    parts = [v for v in x if v is not None]
+    ndim = len(_shape(parts[0]))
+    axis = _axis(int(node.attr("axis")), ndim, node)
+    graph = _graph_of(parts)
+    if graph is None:
+        return [np.concatenate([np.asarray(p) for p in parts], axis=axis)]
+    parts = [p for p in parts if _shape(p)[axis] > 0]
+    return [cat([_tensor(p, graph) for p in parts], axis)]
+
+
+@_op("Slice")
+def _slice(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    shape = _shape(x[0])
+    if m._opset >= 10:
+        starts, ends = _ints(x[1], "starts"), _ints(x[2], "ends")
+        axes = _ints(x[3], "axes") if len(x) > 3 and x[3] is not None else list(range(len(starts)))
+        steps = _ints(x[4], "steps") if len(x) > 4 and x[4] is not None else [1] * len(starts)
+    else:
+        starts, ends = list(node.attr("starts")), list(node.attr("ends"))
+        axes = list(node.attr("axes", list(range(len(starts)))))
+        steps = [1] * len(starts)
+    index = [slice(None)] * len(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        a = _axis(axis, len(shape), node)
+        index[a] = slice(start, None if end >= _INT64_MAX // 2 else max(end, -_INT64_MAX // 2), step)
+    if not isinstance(x[0], Tensor):
+        return [np.asarray(x[0])[tuple(index)]]
+    t = x[0]
+    for a, s in enumerate(index):
+        start, stop, step = s.indices(shape[a])
+        if step != 1:
+            raise node.fail(f"slice steps other than 1 are not supported (axis {a}, step {step})")
+        t = slice_axis(t, a, start, max(start, stop))
+    return [t]
+
+
+@_op("Gather")
+def _gather(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    indices = _static(x[1], "the indices").astype(np.int64)
+    shape = _shape(x[0])
+    axis = _axis(int(node.attr("axis", 0)), len(shape), node)
+    size = shape[axis]
+    if np.any(indices < -size) or np.any(indices >= size):
+        raise node.fail(f"indices {indices.tolist()} out of range for axis {axis} of size {size}")
+    indices = indices % size
+    if not isinstance(x[0], Tensor):
+        return [np.take(np.asarray(x[0]), indices, axis=axis)]
+    t = x[0]
+    if indices.ndim == 0:
+        return [getitem(t, (slice(None),) * axis + (int(indices),))]
+    pieces = [slice_axis(t, axis, int(i), int(i) + 1) for i in indices.reshape(-1)]
+    out = cat(pieces, axis)
+    return [reshape(out, shape[:axis] + indices.shape + shape[axis + 1 :])]
+
+
+def _unsqueeze_axes(m: OnnxModule, node: _Node, x: list[Any]) -> list[int]:
+    if len(x) > 1 and x[1] is not None:
+        return _ints(x[1], "axes")
+    return [int(a) for a in node.attr("axes", [])]
+
+
+@_op("Unsqueeze")
+def _unsqueeze(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    shape = list(_shape(x[0]))
+    out_rank = len(shape) + len(_unsqueeze_axes(m, node, x))
+    for a in sorted(_axis(a, out_rank, node) for a in _unsqueeze_axes(m, node, x)):
+        shape.insert(a, 1)
+    return [_reshape_any(x[0], shape)]
+
+
+@_op("Squeeze")
+def _squeeze(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    shape = _shape(x[0])
+    axes = _unsqueeze_axes(m, node, x)
+    drop = {_axis(a, len(shape), node) for a in axes} if axes else {i for i, s in enumerate(shape) if s == 1}
+    if any(shape[a] != 1 for a in drop):
+        raise node.fail(f"cannot squeeze axes {sorted(drop)} of shape {shape}")
+    return [_reshape_any(x[0], [s for i, s in enumerate(shape) if i not in drop])]
+
+
+@_op("Expand")
+def _expand(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    target = tuple(_ints(x[1], "the shape"))
+    shape = _shape(x[0])
+    rank = max(len(target), len(shape))
+    a, b = (1,) * (rank - len(shape)) + shape, (1,) * (rank - len(target)) + target
+    out = tuple(s if t == 1 else t for s, t in zip(a, b))
+    if not isinstance(x[0], Tensor):
+        return [np.broadcast_to(np.asarray(x[0]), out).copy()]
+    return [broadcast_to(x[0], out)]
+
+
+# -- constants and shapes --------------------------------------------------------------------------
+@_op("Identity")
+def _identity(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    return [x[0]]
+
+
+@_op("Constant")
+def _constant(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    from onnx import numpy_helper
+
+    a = node.attrs
+    if "value" in a:
+        return [numpy_helper.to_array(a["value"])]
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32)):
+        if key in a:
+            return [np.asarray(a[key], dtype)]
+    for key in ("value_int", "value_ints"):
+        if key in a:
+            return [np.asarray(a[key], np.int64)]
+    raise node.fail(f"unsupported Constant attributes {sorted(a)}")
+
+
+@_op("Shape")
+def _shape_op(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    shape = _shape(x[0])
+    start, end = int(node.attr("start", 0)), node.attr("end")
+    return [np.asarray(shape[start : None if end is None else int(end)], np.int64)]
+
+
+@_op("ConstantOfShape")
+def _constant_of_shape(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    from onnx import numpy_helper
+
+    shape = _ints(x[0], "the shape")
+    value = node.attrs.get("value")
+    fill = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    return [np.full(shape, fill[0], fill.dtype)]
+
+
+_CASTS = {1: np.float32, 6: np.int32, 7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64}
+
+
+@_op("Cast")
+def _cast(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    to = int(node.attr("to"))
+    if isinstance(x[0], Tensor):
+        if to not in (1, 10, 11):
+            raise node.fail("casting a computed tensor to a non-float type is not supported")
+        return [x[0]]
+    if to not in _CASTS:
+        raise node.fail(f"cast to ONNX type {to} is not supported")
+    return [np.asarray(x[0]).astype(_CASTS[to])]
+
+
+@_op("Equal")
+def _equal(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    if isinstance(x[0], Tensor) or isinstance(x[1], Tensor):
+        from glcomp.ir.tensor import eq
+
+        return [eq(*_operands(x[0], x[1]))]
+    return [np.equal(np.asarray(x[0]), np.asarray(x[1]))]
+
+
+@_op("Where")
+def _where(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    graph = _graph_of(x)
+    if graph is None:
+        return [np.where(np.asarray(x[0]).astype(bool), x[1], x[2])]
+    from glcomp.ir.tensor import where
+
+    cond = x[0] if isinstance(x[0], Tensor) else _tensor(np.asarray(x[0], np.float32), graph)
+    a, b = (v if isinstance(v, Tensor) or np.ndim(v) == 0 else _tensor(v, graph) for v in x[1:3])
+    return [where(cond, a if isinstance(a, Tensor) else float(a), b if isinstance(b, Tensor) else float(b))]
+
+
+SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(_HANDLERS))
