@@ -31,7 +31,6 @@ def test_shader_compile_error_names_kernel_origin_and_driver_message(
     lines = bundle.shaders[fragment].splitlines()
     origins = [line for line in lines if line.startswith("// from ")]
     assert origins and any("Conv2d" in o for o in origins), lines[:8]
-    header = next(line for line in lines if line.startswith(f"// {draw['kernel']}: nodes %"))
     at = lines.index("void main() {") + 1
     lines.insert(at, BROKEN)
     bundle.shaders[fragment] = "\n".join(lines) + "\n"
@@ -39,8 +38,9 @@ def test_shader_compile_error_names_kernel_origin_and_driver_message(
     with pytest.raises(GlcompError) as info:
         GLRuntime(bundle, ctx=gl_ctx)
     msg = str(info.value)
+    # Node ids stay out of shaders (kernels differing only in them share a program); the draw's
+    # kernel name and the origin comments say where the failing shader came from.
     assert f"kernel {draw['kernel']}" in msg
-    assert header in msg  # the kernel's node ids
     for line in origins:  # and the model parts they came from
         assert line in msg
     assert f"GLSL line {at + 1}: {BROKEN.strip()}" in msg

@@ -343,6 +343,10 @@ def test_concurrent_saves_and_loads_never_mix(two_programs: Any, gl_ctx: Any, tm
             while not stop.is_set():
                 (a, b)[len(saves) % 2].save(target)
                 saves.append(1)
+                # A pause between saves: a reader that takes longer than one save (b has more
+                # shaders to check) would otherwise always find its directory replaced, a clean
+                # error every time but never a read of b.
+                time.sleep(0.02)
         except BaseException as err:  # reported by the main thread
             errors.append(err)
 
