@@ -7,4 +7,5 @@ bash scripts/install.sh
 python3 -m pip install -q --disable-pip-version-check torch==2.13.0
 python3 -m ruff check glcomp tests examples benchmarks
 python3 -m ruff format --check glcomp tests examples benchmarks
-python3 -m pytest -q -p no:cacheprovider "$@"
+# Tests run on every core (pytest-xdist); `--slow` runs the fuzzers with their large budget.
+python3 -m pytest -q -p no:cacheprovider -n auto "$@"
