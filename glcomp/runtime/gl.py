@@ -288,6 +288,9 @@ class GLRuntime:
         self.textures: dict[str, Any] = {}
         self.programs: dict[str, Any] = {}
         self.vaos: dict[str, Any] = {}
+        self._units: dict[str, dict[str, int]] = {}  # program -> sampler -> texture unit
+        self._active: dict[str, set[str]] = {}  # program -> uniforms the driver kept
+        self._written: dict[tuple[str, str], Any] = {}  # (program, uniform) -> value last written
         self._fbos: dict[tuple[int, ...], Any] = {}
         self._released = False
         # Every GL object this runtime creates, in creation order; the finalizer holds this list
@@ -340,6 +343,13 @@ class GLRuntime:
                 raise _compile_error(kernel_of.get(pid, pid), frag, err) from None
             self.programs[pid] = prog
             self.vaos[pid] = self._new(ctx.vertex_array(prog, [(vbo, "2f", "a_position")]))
+            # A sampler's texture unit is its place in the program's list, set once; uniforms a
+            # driver optimised away are skipped; values are written only when they change.
+            self._units[pid] = {s: unit for unit, s in enumerate(p["samplers"])}
+            for s, unit in self._units[pid].items():
+                if s in prog:
+                    prog[s].value = unit
+            self._active[pid] = {u for u in [*p["uniforms"], "u_page_offset"] if u in prog}
         for name in m["states"]:
             self._upload_state(name, self.bundle.weights[name])
 
@@ -459,16 +469,19 @@ class GLRuntime:
     def _draw(self, d: dict[str, Any]) -> None:
         import moderngl
 
-        prog = self.programs[d["program"]]
-        for unit, (sampler, ref) in enumerate(d["samplers"].items()):
-            self._texture(ref).use(location=unit)
-            if sampler in prog:
-                prog[sampler].value = unit
-        for uniform, src in d["uniforms"].items():
-            if uniform in prog:
-                prog[uniform].value = int(src["int"]) if "int" in src else float(self.hyper[src["hyper"]])
-        if "u_page_offset" in prog:
-            prog["u_page_offset"].value = d["page_offset"]
+        pid = d["program"]
+        prog, units, active, written = self.programs[pid], self._units[pid], self._active[pid], self._written
+        for sampler, ref in d["samplers"].items():
+            self._texture(ref).use(location=units[sampler])
+        values = {
+            u: int(src["int"]) if "int" in src else float(self.hyper[src["hyper"]])
+            for u, src in d["uniforms"].items()
+        }
+        values["u_page_offset"] = d["page_offset"]
+        for uniform, value in values.items():
+            if uniform in active and written.get((pid, uniform)) != value:
+                prog[uniform].value = value
+                written[pid, uniform] = value
         fbo = self._framebuffer(d["targets"])
         fbo.use()
         self.ctx.viewport = (0, 0, *d["viewport"])
