@@ -26,7 +26,7 @@ from glcomp.codegen.split_wide import split_wide
 from glcomp.codegen.target import Target, make_target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
-from glcomp.ir.passes import split_reductions, transpose_pushdown
+from glcomp.ir.passes import fold_views, split_reductions, transpose_pushdown
 from glcomp.ir.tensor import Tensor, unary
 from glcomp.program import ENTRY_POINTS, Program
 
@@ -105,6 +105,7 @@ PASSES = {
     "memplan": "reuse temporary textures by liveness",
     "pushdown": "push transposes below matmuls and sums (IR rewrite)",
     "blend": "accumulate sums of kernel results with additive blending (float-blend targets)",
+    "fold_views": "fold transposes of transposes and reshapes of reshapes (IR rewrite, exact)",
     "split_reductions": "reduce long sums and maxima with few outputs in two parallel stages (IR rewrite)",
 }
 
@@ -225,6 +226,8 @@ def _lower_entry(
     # IR rewrites first; then a written-back state must not alias an input or another output.
     if passes["pushdown"]:
         graph = transpose_pushdown(graph)
+    if passes["fold_views"]:  # so loop kernels see stored operands behind double transposes
+        graph = fold_views(graph)
     if passes["split_reductions"]:  # before planning: each stage becomes a kernel of its own
         graph = split_reductions(graph)
     graph = _isolate_state_outputs(split_wide(graph, target))

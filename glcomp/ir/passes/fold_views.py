@@ -1,0 +1,68 @@
+"""Fold chains of views: a transpose of a transpose, a reshape of a reshape, identity views.
+
+Autodiff writes the gradient of ``x @ W.T`` with respect to ``x`` as ``g @ (W.T).T``: a permute
+of a permute. Kernels read views through fused functions, so such a chain costs nothing to
+store, but it hides that the operand is ``W`` itself, a stored texture the matmul kernel could
+read a texel at a time. Rules, applied bottom-up until none matches:
+
+    permute(permute(x, p), q)  ->  permute(x, p o q), or x when that is the identity
+    reshape(reshape(x, s), t)  ->  reshape(x, t), or x when t is x's shape
+    permute(x, identity), reshape(x, x.shape)  ->  x
+"""
+
+from __future__ import annotations
+
+from glcomp.ir.graph import Graph, origin
+from glcomp.ir.passes.transpose_pushdown import _replace
+
+
+def _fold(graph: Graph, n: int) -> int | None:
+    op = graph.op(n)
+    if op not in ("permute", "reshape"):
+        return None
+    (src,) = graph.operands(n)
+    if op == "permute":
+        perm = tuple(graph.attrs(n)["perm"])
+        if perm == tuple(range(len(perm))):
+            return src
+        if graph.op(src) != "permute":
+            return None
+        (x,) = graph.operands(src)
+        inner = tuple(graph.attrs(src)["perm"])
+        composed = tuple(inner[p] for p in perm)
+        if composed == tuple(range(len(composed))):
+            return x
+        with origin(graph.node(n)["origin"]):
+            return graph.add("permute", [x], perm=composed)
+    shape = tuple(graph.attrs(n)["shape"])
+    if shape == graph.shape(src):
+        return src
+    if graph.op(src) != "reshape":
+        return None
+    (x,) = graph.operands(src)
+    if graph.shape(x) == shape:
+        return x
+    with origin(graph.node(n)["origin"]):
+        return graph.add("reshape", [x], shape=shape)
+
+
+def fold_views(graph: Graph) -> Graph:
+    """After this pass no permute reads a permute, no reshape reads a reshape, and no permute or
+    reshape is the identity (graph outputs keep their own node only if it is not such a view).
+
+    Requires a valid graph; the result computes exactly the same outputs (views move values, they
+    never change them) and is pruned of the views it bypassed.
+    """
+    g = graph.copy()
+    changed = True
+    while changed:
+        changed = False
+        outputs = set(g.outputs.values())
+        for n in g.topo():
+            if g.g.out_degree(n) == 0 and n not in outputs:
+                continue  # already bypassed, waiting to be pruned
+            new = _fold(g, n)
+            if new is not None and new != n:
+                _replace(g, n, new)
+                changed = True
+    return g.prune()
