@@ -43,17 +43,27 @@ _BASE = {
     # - WebGL 1 on phones (OpenGL ES 2.0): ES 2.0 guarantees 8 fragment texture units
     #   (MAX_TEXTURE_IMAGE_UNITS); WEBGL_draw_buffers is an optional extension that most mobile
     #   WebGL 1 implementations lack, so one draw buffer; EXT_float_blend is rare there, so no
-    #   float blending. ES 2.0's MAX_TEXTURE_SIZE minimum (64) is below any real device that
-    #   renders float textures; 2048 is what every ES 2.0 GPU with OES_texture_float offers.
+    #   float blending. ES 2.0's MAX_TEXTURE_SIZE minimum (64) is far below what any phone that
+    #   renders float textures reports; 2048 is the conservative floor of those devices.
     "webgl1-mobile": Target(
-        "webgl1-mobile", "100", max_texture_size=2048, max_draw_buffers=1, max_texture_units=8, float_blend=False
+        "webgl1-mobile",
+        "100",
+        max_texture_size=2048,
+        max_draw_buffers=1,
+        max_texture_units=8,
+        float_blend=False,
     ),
     # - WebGL 2 on phones (OpenGL ES 3.0): ES 3.0 guarantees 16 fragment texture units and 4 draw
     #   buffers / color attachments; its MAX_TEXTURE_SIZE minimum is 2048, but every ES 3.0 GPU
-    #   that renders to RGBA32F (EXT_color_buffer_float, which glcomp needs) offers 4096;
+    #   phones that render to RGBA32F (EXT_color_buffer_float, which glcomp needs) report 4096 or more;
     #   EXT_float_blend is optional and often missing on mobile GPUs, so no float blending.
     "webgl2-mobile": Target(
-        "webgl2-mobile", "300 es", max_texture_size=4096, max_draw_buffers=4, max_texture_units=16, float_blend=False
+        "webgl2-mobile",
+        "300 es",
+        max_texture_size=4096,
+        max_draw_buffers=4,
+        max_texture_units=16,
+        float_blend=False,
     ),
 }
 
