@@ -54,8 +54,8 @@ _BASE = {
         float_blend=False,
     ),
     # - WebGL 2 on phones (OpenGL ES 3.0): ES 3.0 guarantees 16 fragment texture units and 4 draw
-    #   buffers / color attachments; its MAX_TEXTURE_SIZE minimum is 2048, but every ES 3.0 GPU
-    #   phones that render to RGBA32F (EXT_color_buffer_float, which glcomp needs) report 4096 or more;
+    #   buffers / color attachments; its MAX_TEXTURE_SIZE minimum is 2048, but phones that render
+    #   to RGBA32F (EXT_color_buffer_float, which glcomp needs) report 4096 or more;
     #   EXT_float_blend is optional and often missing on mobile GPUs, so no float blending.
     "webgl2-mobile": Target(
         "webgl2-mobile",
