@@ -1550,7 +1550,9 @@ export class Runtime {
     };
     try {
       for (let i = 0; i < steps && !stop; i++) {
-        queue.push(this.trainStep(get(i)));
+        const step = this.trainStep(get(i));
+        step.catch(() => {}); // settle() sees the failure; the page must not report it as unhandled
+        queue.push(step);
         if (queue.length >= depth) await settle();
         await keep(false);
         await (yieldTo === "frame" ? nextFrame() : nextTask());
