@@ -23,13 +23,14 @@ browser, site, page = test_browser.browser, test_browser.site, test_browser.page
 LOSE_JS = """
 const { base, batches } = arg;
 const feed = (i) => ({ x: batches[i][0], y: batches[i][1] });
-const flat = (w) => Object.fromEntries(Object.entries(w).map(([k, t]) => [k, Array.from(t.data, Number)]));
+// the kept state, read back asynchronously (getWeights would stall the GPU pipeline)
+const flat = (k) => Object.fromEntries(Object.entries(k.weights).map(([n, a]) => [n, Array.from(a)]));
 const events = [];
 const onContextLost = (e) => events.push(e);
 const rt = await g.Runtime.load(base, { quiet: true, keepWeightsEvery: 4, onContextLost });
 const before = await rt.train({ steps: 8, batches: feed });
 const kept = rt.keptSteps;
-const w8 = flat(rt.getWeights({ optimizer: true }));
+const w8 = flat(rt.keptState());
 const ext = rt.gl.getExtension("WEBGL_lose_context");
 const lostEvent = new Promise((r) => rt.canvas.addEventListener("webglcontextlost", r, { once: true }));
 let stopped = null;
@@ -46,7 +47,8 @@ const errorOf = async (f) => {
 };
 const whileLost = { trainStep: await errorOf(() => rt.trainStep(feed(0))),
   getWeights: await errorOf(() => rt.getWeights()), restore: await errorOf(() => rt.restore()),
-  lost: rt.contextLost };
+  lost: rt.contextLost, kept: rt.keptState().steps,
+  keptSame: JSON.stringify(flat(rt.keptState())) === JSON.stringify(w8) };
 const restoredEvent = new Promise((r) => rt.canvas.addEventListener("webglcontextrestored", r,
   { once: true }));
 ext.restoreContext();
@@ -54,14 +56,14 @@ await restoredEvent;
 await rt.restore();
 const afterRestore = { steps: rt.steps, lost: rt.contextLost, live: rt.liveObjects(),
   kept: await rt.snapshot() };
-const wr = flat(rt.getWeights({ optimizer: true }));
+const wr = flat(rt.keptState());
 const after = await rt.train({ steps: 4, batches: (i) => feed(8 + i) });
-const w12 = flat(rt.getWeights({ optimizer: true }));
+const w12 = flat(rt.keptState());
 rt.dispose();
 const ref = await g.Runtime.load(base, { quiet: true });
 const refBefore = await ref.train({ steps: 8, batches: feed });
 const refAfter = await ref.train({ steps: 4, batches: (i) => feed(8 + i) });
-const w12ref = flat(ref.getWeights({ optimizer: true }));
+const w12ref = flat(ref.keptState());
 ref.dispose();
 return { before, kept, w8, events, stopped, lostSteps, whileLost, afterRestore, wr, after, w12, refBefore,
   refAfter, w12ref, disposed: rt.liveObjects() };
@@ -89,7 +91,7 @@ def test_context_loss_stops_training_and_restore_continues(page: Any, site: Site
     assert len(got["events"]) == 1 and got["events"][0]["kept"] == 8, got["events"]
     assert got["events"][0]["steps"] == got["lostSteps"] > 8
     lost = got["whileLost"]
-    assert lost["lost"] is True
+    assert lost["lost"] is True and lost["kept"] == 8 and lost["keptSame"] is True, lost
     assert lost["trainStep"][0] == "context-lost" and lost["getWeights"][0] == "context-lost", lost
     assert "still lost" in lost["restore"][1], lost
 
@@ -106,6 +108,32 @@ def test_context_loss_stops_training_and_restore_continues(page: Any, site: Site
     assert got["w12"] != got["w8"]
     assert not any(got["disposed"].values()), got["disposed"]
     assert not page.errors, page.errors
+
+
+def test_a_diverged_state_is_not_kept(page: Any, site: Site) -> None:
+    name = "lose_webgl2"
+    if not (site.root / name).exists():
+        _save(_mlp("webgl2"), site.root / name)
+    x, y = _batches("mlp", seed=1, count=1)[0]
+    got = _js(
+        page,
+        """
+      const { base, x, y } = arg;
+      const rt = await g.Runtime.load(base, { quiet: true, keepWeightsEvery: 0 });
+      await rt.trainStep({ x, y });
+      const good = await rt.snapshot();
+      rt.setLr(1e38);  // the next steps overflow the weights
+      const losses = await rt.train({ steps: 3, batches: [{ x, y }], keepEvery: 1 });
+      const kept = await rt.snapshot();
+      rt.dispose();
+      return { good, kept, losses };
+    """,
+        {"base": f"/bundle/{name}/", "x": x.tolist(), "y": y.tolist()},
+    )
+    # step 2 (the first at lr 1e38) leaves huge but finite weights, so its loss is finite and the
+    # forward pass of step 3 overflows: the states after steps 3 and 4 hold NaN and are not kept
+    assert got["good"] == 1 and np.isfinite(got["losses"][0]) and not np.isfinite(got["losses"][1:]).any()
+    assert got["kept"] == 2, got
 
 
 # -- device limits ---------------------------------------------------------------------------------

@@ -1583,7 +1583,8 @@ export class Runtime {
   }
 
   /** Read the whole state (weights, optimizer state, counters) back and keep it as what
-   *  restore() re-uploads after a context loss. Resolves to the number of train steps it holds.
+   *  restore() re-uploads after a context loss. Resolves to the number of train steps it holds:
+   *  a state with NaN or infinite values (a diverged step) is not kept, the previous one stays.
    *  train() calls it every `keepEvery` steps; setWeights and loadFromIndexedDB keep what they
    *  load. The state is captured when called (later steps do not change it). */
   async snapshot() {
@@ -1593,8 +1594,18 @@ export class Runtime {
     const arrays = await this._readMany(names.map((n) => ({ refs: this._stateRefs(n), layout: this.manifest.states[n].layout })));
     if (this._disposed) throw new GlcompError("the runtime was disposed");
     if (this._lost || this.gl.isContextLost()) throw this._lostError();
+    // a diverged state (NaN or inf) is not worth restoring: keep the last finite one
+    if (!arrays.every((a) => a.every(Number.isFinite))) return this._kept.steps;
     this._kept = { ...meta, weights: Object.fromEntries(names.map((n, i) => [n, arrays[i]])) };
     return meta.steps;
+  }
+
+  /** A copy of the kept state (what restore() would upload), readable while the context is lost:
+   *  {steps, weights: {name: Float32Array} (every state, optimizer state included), counters}. */
+  keptState() {
+    const k = this._kept;
+    const weights = Object.fromEntries(Object.entries(k.weights).map(([n, a]) => [n, Float32Array.from(a)]));
+    return { steps: k.steps, weights, counters: { ...k.counters } };
   }
 
   _snapshotSync() {
