@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from glcomp.codegen.target import TARGETS
 from glcomp.errors import GlcompError
 
 EXIT_USAGE = 2
@@ -670,7 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--input", action="append", default=[], metavar="NAME=SHAPE", help="an input shape, e.g. x=64,1,8,8"
     )
-    p.add_argument("--target", default="webgl2", choices=["webgl2", "webgl1"])
+    p.add_argument("--target", default="webgl2", choices=list(TARGETS))
     p.add_argument("--loss", choices=sorted(LOSSES), help="add gradients (and train_step with --optimizer)")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="add a train_step entry point")
     p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
@@ -679,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="print the kernel plan of a model or bundle: draws and estimated work")
     p.add_argument("model", metavar="MODULE:ATTR|DIR", help="a model as for compile, or a bundle directory")
     p.add_argument("--input", action="append", default=[], metavar="NAME=SHAPE", help="e.g. x=64,1,8,8")
-    p.add_argument("--target", default="webgl2", choices=["webgl2", "webgl1"])
+    p.add_argument("--target", default="webgl2", choices=list(TARGETS))
     p.add_argument(
         "--loss", choices=sorted(LOSSES), help="explain gradients (and train_step with --optimizer)"
     )

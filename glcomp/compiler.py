@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from glcomp.codegen.target import TARGETS
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph, origin
 from glcomp.ir.passes import autodiff
@@ -17,8 +18,6 @@ from glcomp.nn.functional import RNG_STEP
 from glcomp.nn.module import _TRACE, Module
 from glcomp.optim import Optimizer
 from glcomp.program import InputSpec, Program
-
-TARGETS = ("webgl2", "webgl1")
 
 
 def compile(  # noqa: A001 - the public name mirrors torch.compile

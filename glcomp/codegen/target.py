@@ -38,7 +38,37 @@ _BASE = {
     "webgl2": Target("webgl2", "300 es"),
     # WebGL 1: OES_texture_float + WEBGL_color_buffer_float; MRT through WEBGL_draw_buffers.
     "webgl1": Target("webgl1", "100", max_draw_buffers=4, float_blend=False),
+    # Presets for the weakest devices a bundle should still run on, from the specifications'
+    # portable minimums rather than from any one GPU:
+    # - WebGL 1 on phones (OpenGL ES 2.0): ES 2.0 guarantees 8 fragment texture units
+    #   (MAX_TEXTURE_IMAGE_UNITS); WEBGL_draw_buffers is an optional extension that most mobile
+    #   WebGL 1 implementations lack, so one draw buffer; EXT_float_blend is rare there, so no
+    #   float blending. ES 2.0's MAX_TEXTURE_SIZE minimum (64) is far below what any phone that
+    #   renders float textures reports; 2048 is the conservative floor of those devices.
+    "webgl1-mobile": Target(
+        "webgl1-mobile",
+        "100",
+        max_texture_size=2048,
+        max_draw_buffers=1,
+        max_texture_units=8,
+        float_blend=False,
+    ),
+    # - WebGL 2 on phones (OpenGL ES 3.0): ES 3.0 guarantees 16 fragment texture units and 4 draw
+    #   buffers / color attachments; its MAX_TEXTURE_SIZE minimum is 2048, but phones that render
+    #   to RGBA32F (EXT_color_buffer_float, which glcomp needs) report 4096 or more;
+    #   EXT_float_blend is optional and often missing on mobile GPUs, so no float blending.
+    "webgl2-mobile": Target(
+        "webgl2-mobile",
+        "300 es",
+        max_texture_size=4096,
+        max_draw_buffers=4,
+        max_texture_units=16,
+        float_blend=False,
+    ),
 }
+
+TARGETS: tuple[str, ...] = tuple(_BASE)
+"""The target names ``glcomp.compile(..., target=)`` accepts."""
 
 
 def make_target(name: str, **limits: Any) -> Target:

@@ -931,6 +931,12 @@ function compileError(kernel, source, log) {
   return new GlcompError(`shader for kernel ${kernel} failed to compile or link:\n${header}${line}\ndriver: ${log}`);
 }
 
+// The mobile target presets of glcomp/codegen/target.py (suggested when a bundle does not fit).
+export const PRESETS = {
+  "webgl1-mobile": { max_texture_size: 2048, max_draw_buffers: 1, max_texture_units: 8 },
+  "webgl2-mobile": { max_texture_size: 4096, max_draw_buffers: 4, max_texture_units: 16 },
+};
+
 const KINDS = ["textures", "framebuffers", "programs", "shaders", "buffers", "syncs"];
 
 /** Runs a glcomp bundle with WebGL 2 (GLSL ES 3.00 bundles) or WebGL 1 (GLSL ES 1.00 bundles). */
@@ -964,7 +970,20 @@ export class Runtime {
     this._liveCount = Object.fromEntries(KINDS.map((k) => [k, 0]));
     this._checkedEntries = new Set();
     this._disposed = false;
+    this._lost = false;
     this.drawCalls = 0;
+    /** Train steps run since load (trainStep and train), including those lost with the context. */
+    this.steps = 0;
+    /** Called as onContextLost({steps, kept}) when the WebGL context is lost: `kept` is the step
+     *  of the weights restore() will bring back. Set it here or with the load option. */
+    this.onContextLost = options.onContextLost ?? null;
+    this._keepEvery = options.keepWeightsEvery ?? 100;
+    if (!isInt(this._keepEvery) || this._keepEvery < 0) {
+      throw new GlcompError(`keepWeightsEvery must be a non-negative integer, got ${repr(this._keepEvery)}`);
+    }
+    // The weights restore() re-uploads after a context loss: the bundle's until something newer
+    // is read back (see snapshot()).
+    this._kept = { steps: 0, weights: bundle.weights, counters: { ...bundle.counters } };
   }
 
   // -- setup ------------------------------------------------------------------------------------
@@ -979,7 +998,13 @@ export class Runtime {
     if (obj && this._live.delete(obj)) this._liveCount[obj.__glcompKind]--;
   }
   _lostOr(err) {
-    return this.gl && this.gl.isContextLost() ? new GlcompError("the WebGL context was lost") : err;
+    return this.gl && (this._lost || this.gl.isContextLost()) ? this._lostError() : err;
+  }
+  _lostError() {
+    const err = new GlcompError(`the WebGL context was lost (after ${this.steps} train steps; the weights of step `
+      + `${this._kept.steps} are kept: call restore() once the canvas fires webglcontextrestored)`);
+    err.reason = "context-lost";
+    return err;
   }
 
   _createContext() {
@@ -1003,18 +1028,40 @@ export class Runtime {
     }
     this.gl = gl;
     this.webgl2 = !webgl1;
-    this._onLost = (ev) => { ev.preventDefault(); this._lost = true; };
+    this._onLost = (ev) => {
+      ev.preventDefault(); // without this the browser never restores the context
+      if (this._disposed || this._lost) return;
+      this._lost = true;
+      if (this.onContextLost) {
+        try {
+          this.onContextLost({ steps: this.steps, kept: this._kept.steps });
+        } catch (err) {
+          if (typeof console !== "undefined") console.error(err);
+        }
+      }
+    };
     canvas.addEventListener?.("webglcontextlost", this._onLost);
+    this._checkDevice();
+  }
 
+  /** Query the context's extensions and limits and refuse a bundle that needs more, naming each
+   *  limit, what the bundle needs and what the device has. Run again after a context restore
+   *  (extension objects do not survive a loss). */
+  _checkDevice() {
+    const gl = this.gl;
+    const m = this.manifest;
     const dbg = gl.getExtension("WEBGL_debug_renderer_info");
     const renderer = dbg ? gl.getParameter(dbg.UNMASKED_RENDERER_WEBGL) : gl.getParameter(gl.RENDERER);
     const vendor = dbg ? gl.getParameter(dbg.UNMASKED_VENDOR_WEBGL) : gl.getParameter(gl.VENDOR);
     const software = SOFTWARE_RE.test(`${renderer} ${vendor}`);
     const lacks = [];
     const ext = {};
-    const progs = Object.values(m.programs);
-    const outputs = maxOf(progs.map((p) => p.outputs), 1);
-    const samplers = maxOf(progs.map((p) => p.samplers.length), 0);
+    const progs = Object.entries(m.programs);
+    const outputs = maxOf(progs.map(([, p]) => p.outputs), 1);
+    const samplers = maxOf(progs.map(([, p]) => p.samplers.length), 0);
+    const kernelOf = {};
+    for (const e of Object.values(m.entries)) for (const d of e.draws) kernelOf[d.program] ??= d.kernel;
+    const which = (pid) => `program ${pid}${kernelOf[pid] ? ` (kernel ${kernelOf[pid]})` : ""}`;
     const blend = Object.values(m.entries).some((e) => e.draws.some((d) => d.blend === true));
     if (this.webgl2) {
       ext.colorBufferFloat = gl.getExtension("EXT_color_buffer_float");
@@ -1036,18 +1083,48 @@ export class Runtime {
     ext.parallel = gl.getExtension("KHR_parallel_shader_compile");
     const maxTex = gl.getParameter(gl.MAX_TEXTURE_SIZE);
     let maxDraw = 1;
-    if (this.webgl2) maxDraw = Math.min(gl.getParameter(gl.MAX_DRAW_BUFFERS), gl.getParameter(gl.MAX_COLOR_ATTACHMENTS));
-    else if (ext.drawBuffers) {
-      maxDraw = Math.min(gl.getParameter(ext.drawBuffers.MAX_DRAW_BUFFERS_WEBGL),
-        gl.getParameter(ext.drawBuffers.MAX_COLOR_ATTACHMENTS_WEBGL));
+    let drawLimits = "";
+    if (this.webgl2 || ext.drawBuffers) {
+      const [db, ca] = this.webgl2 ? [gl.MAX_DRAW_BUFFERS, gl.MAX_COLOR_ATTACHMENTS]
+        : [ext.drawBuffers.MAX_DRAW_BUFFERS_WEBGL, ext.drawBuffers.MAX_COLOR_ATTACHMENTS_WEBGL];
+      const [nd, nc] = [gl.getParameter(db), gl.getParameter(ca)];
+      maxDraw = Math.min(nd, nc);
+      drawLimits = `MAX_DRAW_BUFFERS ${nd}, MAX_COLOR_ATTACHMENTS ${nc}`;
     }
     const maxUnits = gl.getParameter(gl.MAX_TEXTURE_IMAGE_UNITS);
-    const need = maxOf(Object.values(m.textures).map((t) => Math.max(t.width, t.height)), 1);
-    if (need > maxTex) lacks.push(`textures of ${need} texels per side (the limit here is ${maxTex})`);
-    if (outputs > maxDraw && (this.webgl2 || ext.drawBuffers)) {
-      lacks.push(`${outputs} draw buffers per draw call (this GPU has ${maxDraw})`);
+    const viewport = gl.getParameter(gl.MAX_VIEWPORT_DIMS);
+    const hint = {}; // target limits that would fit this device
+    const [bigName, big] = Object.entries(m.textures).reduce((a, [k, t]) => (Math.max(t.width, t.height) > a[1]
+      ? [k, Math.max(t.width, t.height)] : a), ["", 1]);
+    if (big > maxTex) {
+      const t = m.textures[bigName];
+      lacks.push(`MAX_TEXTURE_SIZE: textures of ${big} texels per side (the limit here is ${maxTex}), `
+        + `texture ${repr(bigName)} is ${t.width}x${t.height}`);
+      hint.max_texture_size = maxTex;
+    } else if (viewport && big > Math.min(viewport[0], viewport[1])) {
+      lacks.push(`MAX_VIEWPORT_DIMS: viewports of ${big} pixels per side (the limit here is ${viewport[0]}x${viewport[1]})`);
+      hint.max_texture_size = 2 ** Math.floor(Math.log2(Math.min(viewport[0], viewport[1])));
     }
-    if (samplers > maxUnits) lacks.push(`${samplers} texture units per shader (this GPU has ${maxUnits})`);
+    if (outputs > maxDraw && (this.webgl2 || ext.drawBuffers)) {
+      const [pid] = progs.find(([, p]) => p.outputs === outputs);
+      lacks.push(`MAX_DRAW_BUFFERS: ${outputs} draw buffers per draw call (this GPU has ${maxDraw}), `
+        + `${which(pid)} writes ${outputs} outputs (${drawLimits})`);
+      hint.max_draw_buffers = maxDraw;
+    } else if (outputs > 1 && !this.webgl2 && !ext.drawBuffers) {
+      hint.max_draw_buffers = 1;
+    }
+    if (samplers > maxUnits) {
+      const [pid] = progs.find(([, p]) => p.samplers.length === samplers);
+      lacks.push(`MAX_TEXTURE_IMAGE_UNITS: ${samplers} texture units per shader (this GPU has ${maxUnits}), `
+        + `${which(pid)} samples ${samplers} textures`);
+      hint.max_texture_units = maxUnits;
+    }
+    if (blend && !ext.floatBlend) hint.float_blend = false;
+    const high = gl.getShaderPrecisionFormat(gl.FRAGMENT_SHADER, gl.HIGH_FLOAT);
+    if (high && high.precision < 23) {
+      lacks.push(`highp float in fragment shaders (32-bit floats; this GPU offers ${high.precision} bits of `
+        + "precision: HIGH_FLOAT of getShaderPrecisionFormat)");
+    }
     this._info = { webgl: this.webgl2 ? 2 : 1, renderer, vendor, software, maxTextureSize: maxTex,
       maxDrawBuffers: maxDraw, maxTextureUnits: maxUnits, parallelShaderCompile: !!ext.parallel,
       readback: this._asyncReadback() ? "async" : "sync", warnings: [] };
@@ -1057,8 +1134,15 @@ export class Runtime {
     }
     if (lacks.length) {
       const sw = software ? ` It renders with ${renderer}, a software renderer: hardware acceleration may be off.` : "";
+      const limits = Object.entries(hint).map(([k, v]) => `, ${k}=${v === false ? "False" : v}`).join("");
+      const preset = `${this.webgl2 ? "webgl2" : "webgl1"}-mobile`;
+      const p = PRESETS[preset];
+      const fits = preset !== m.target.name && p.max_texture_size <= maxTex && p.max_texture_units <= maxUnits
+        && (p.max_draw_buffers <= maxDraw || p.max_draw_buffers === 1);
+      const fix = limits ? ` Compile the model for this device: glcomp.compile(..., target='${m.target.name ?? "webgl2"}'`
+        + `${limits})${fits ? ` or target='${preset}'` : ""}.` : "";
       throw new GlcompError(`this browser cannot run the bundle (WebGL ${this.webgl2 ? 2 : 1}, renderer `
-        + `${renderer}); it lacks: ${lacks.join("; ")}.${sw}`);
+        + `${renderer}); it lacks: ${lacks.join("; ")}.${fix}${sw}`);
     }
     this.ext = ext;
   }
@@ -1069,6 +1153,13 @@ export class Runtime {
 
   async _init() {
     this._createContext();
+    await this._setup(this.bundle.weights);
+    const sw = this._info.warnings[0];
+    if (sw && !this.options.quiet && typeof console !== "undefined") console.warn(`glcomp: ${sw}`);
+  }
+
+  /** Create every GL object (textures, buffers, programs) and upload `weights` (all states). */
+  async _setup(weights) {
     const gl = this.gl;
     const m = this.manifest;
     gl.disable(gl.DITHER);
@@ -1107,11 +1198,9 @@ export class Runtime {
     gl.bindBuffer(gl.ARRAY_BUFFER, this._vbo);
     gl.bufferData(gl.ARRAY_BUFFER, QUAD, gl.STATIC_DRAW);
     await this._compilePrograms();
-    for (const [name, value] of Object.entries(this.bundle.weights)) this._uploadState(name, value);
+    for (const [name, value] of Object.entries(weights)) this._uploadState(name, value);
     const err = gl.getError();
     if (err !== gl.NO_ERROR) throw this._lostOr(new GlcompError(`WebGL error 0x${err.toString(16)} while setting up the bundle`));
-    const sw = this._info.warnings[0];
-    if (sw && !this.options.quiet && typeof console !== "undefined") console.warn(`glcomp: ${sw}`);
   }
 
   async _compilePrograms() {
@@ -1256,6 +1345,8 @@ export class Runtime {
       return data;
     });
     gl.bindFramebuffer(gl.FRAMEBUFFER, null);
+    // a lost context reads nothing (zeros), never pass that off as data
+    if (gl.isContextLost()) throw this._lostError();
     return unpack(pages, layout);
   }
 
@@ -1300,6 +1391,7 @@ export class Runtime {
         this._untrack(sync);
       }
     }
+    if (gl.isContextLost()) throw this._lostError();
     return reads.map(({ layout, pages }) => unpack(pages.map((pbo) => {
       const data = new Float32Array(pbo.__bytes / 4);
       gl.bindBuffer(gl.PIXEL_PACK_BUFFER, pbo);
@@ -1315,6 +1407,7 @@ export class Runtime {
     const gl = this.gl;
     for (let polls = 0; ; polls++) {
       if (this._disposed) throw new GlcompError("the runtime was disposed while reading back");
+      if (this._lost || gl.isContextLost()) throw this._lostError();
       const s = gl.clientWaitSync(sync, 0, 0);
       if (s === gl.ALREADY_SIGNALED || s === gl.CONDITION_SATISFIED) return;
       if (s === gl.WAIT_FAILED) throw this._lostOr(new GlcompError("waiting for the GPU failed"));
@@ -1325,7 +1418,7 @@ export class Runtime {
   // -- execution -------------------------------------------------------------------------------
   _alive() {
     if (this._disposed) throw new GlcompError("the runtime was disposed");
-    if (this._lost || this.gl.isContextLost()) throw new GlcompError("the WebGL context was lost");
+    if (this._lost || this.gl.isContextLost()) throw this._lostError();
   }
 
   /** Upload `inputs`, run the entry point's draws, flip updated states. Returns the readback
@@ -1424,14 +1517,19 @@ export class Runtime {
       return Promise.reject(err);
     }
     for (const name of Object.keys(this.counters)) this.counters[name] += 1;
+    this.steps++;
     return result.then((out) => out.loss[0]);
   }
 
   /** Train `steps` steps on `batches` (an array of input objects, used in turn, or a function
    *  step -> inputs). Yields to the event loop between steps; keeps up to `inflight` steps
    *  queued on the GPU before waiting for a loss. `onStep(step, loss)` may return false to
-   *  stop. `yieldTo`: "task" (default; a zero-delay task) or "frame" (requestAnimationFrame). */
-  async train({ steps, batches, onStep, inflight = 2, yieldTo = "task" } = {}) {
+   *  stop. `yieldTo`: "task" (default; a zero-delay task) or "frame" (requestAnimationFrame).
+   *  `keepEvery` (default: the `keepWeightsEvery` load option, 100): read the whole state back
+   *  (snapshot()) whenever that many steps have run since the last one, and when training ends.
+   *  When the WebGL context is lost, train stops and rejects with a GlcompError whose `reason` is
+   *  "context-lost" and whose `losses` are the losses read before the loss. */
+  async train({ steps, batches, onStep, inflight = 2, yieldTo = "task", keepEvery = this._keepEvery } = {}) {
     const get = typeof batches === "function" ? batches : (i) => batches[i % batches.length];
     if (steps === undefined && Array.isArray(batches)) steps = batches.length;
     if (!isInt(steps) || steps < 0) throw new GlcompError("train: steps must be a non-negative integer");
@@ -1447,17 +1545,107 @@ export class Runtime {
       losses.push(loss);
       if (onStep && (await onStep(losses.length - 1, loss)) === false) stop = true;
     };
+    const keep = async (force) => {
+      if (keepEvery > 0 && this.steps - this._kept.steps >= (force ? 1 : keepEvery)) await this.snapshot();
+    };
     try {
       for (let i = 0; i < steps && !stop; i++) {
-        queue.push(this.trainStep(get(i)));
+        const step = this.trainStep(get(i));
+        step.catch(() => {}); // settle() sees the failure; the page must not report it as unhandled
+        queue.push(step);
         if (queue.length >= depth) await settle();
+        await keep(false);
         await (yieldTo === "frame" ? nextFrame() : nextTask());
       }
       while (queue.length) await settle();
+      await keep(true);
+    } catch (err) {
+      if (!this._lost && !this.gl?.isContextLost()) throw err;
+      const lost = this._lostError();
+      lost.message = `training stopped: ${lost.message}`;
+      lost.losses = losses;
+      throw lost;
     } finally {
       for (const p of queue) p.catch(() => {});
     }
     return losses;
+  }
+
+  // -- context loss ----------------------------------------------------------------------------
+  /** Whether the WebGL context is lost (until restore()). */
+  get contextLost() {
+    return this._lost || !!this.gl?.isContextLost();
+  }
+
+  /** The step count of the weights that restore() brings back (0: the bundle's own). */
+  get keptSteps() {
+    return this._kept.steps;
+  }
+
+  /** Read the whole state (weights, optimizer state, counters) back and keep it as what
+   *  restore() re-uploads after a context loss. Resolves to the number of train steps it holds:
+   *  a state with NaN or infinite values (a diverged step) is not kept, the previous one stays.
+   *  train() calls it every `keepEvery` steps; setWeights and loadFromIndexedDB keep what they
+   *  load. The state is captured when called (later steps do not change it). */
+  async snapshot() {
+    this._alive();
+    const names = Object.keys(this.manifest.states);
+    const meta = { steps: this.steps, counters: { ...this.counters } };
+    const arrays = await this._readMany(names.map((n) => ({ refs: this._stateRefs(n), layout: this.manifest.states[n].layout })));
+    if (this._disposed) throw new GlcompError("the runtime was disposed");
+    if (this._lost || this.gl.isContextLost()) throw this._lostError();
+    // a diverged state (NaN or inf) is not worth restoring: keep the last finite one
+    if (!arrays.every((a) => a.every(Number.isFinite))) return this._kept.steps;
+    this._kept = { ...meta, weights: Object.fromEntries(names.map((n, i) => [n, arrays[i]])) };
+    return meta.steps;
+  }
+
+  /** A copy of the kept state (what restore() would upload), readable while the context is lost:
+   *  {steps, weights: {name: Float32Array} (every state, optimizer state included), counters}. */
+  keptState() {
+    const k = this._kept;
+    const weights = Object.fromEntries(Object.entries(k.weights).map(([n, a]) => [n, Float32Array.from(a)]));
+    return { steps: k.steps, weights, counters: { ...k.counters } };
+  }
+
+  _snapshotSync() {
+    const weights = {};
+    for (const [n, st] of Object.entries(this.manifest.states)) weights[n] = this._readSync(this._stateRefs(n), st.layout);
+    this._kept = { steps: this.steps, counters: { ...this.counters }, weights };
+  }
+
+  /** After the canvas fired `webglcontextrestored`: check the device again, rebuild every GL
+   *  object (textures, framebuffers, programs, buffers) and upload the kept state (see
+   *  snapshot()): weights, optimizer state and counters as they were at step `keptSteps`; the
+   *  steps run after it are lost (`steps` goes back to `keptSteps`). The learning rate and the
+   *  other hyper-parameters live in JavaScript and stay as they are. */
+  async restore() {
+    if (this._disposed) throw new GlcompError("the runtime was disposed");
+    const gl = this.gl;
+    if (gl.isContextLost()) {
+      throw new GlcompError("restore: the WebGL context is still lost; call restore() after webglcontextrestored");
+    }
+    if (!this._lost) return; // nothing was lost
+    // the old objects died with the context: forget them without deleting
+    this._live.clear();
+    for (const k of KINDS) this._liveCount[k] = 0;
+    this.textures.clear();
+    this.programs.clear();
+    this._fbos.clear();
+    this._readFbos.clear();
+    this._checkedEntries.clear();
+    for (const k of Object.keys(this.parity)) this.parity[k] = 0;
+    this._checkDevice();
+    const kept = this._kept;
+    try {
+      await this._setup(kept.weights);
+    } catch (err) {
+      throw this._lostOr(err);
+    }
+    if (gl.isContextLost()) throw this._lostError();
+    this.counters = { ...kept.counters };
+    this.steps = kept.steps;
+    this._lost = false;
   }
 
   setLr(lr) {
@@ -1530,6 +1718,7 @@ export class Runtime {
       if (Object.hasOwn(this.counters, k)) this.counters[k] = Math.trunc(v[0]);
       else this._uploadState(k, Float32Array.from(v));
     }
+    this._snapshotSync(); // restore() after a context loss brings back what was loaded
   }
 
   /** Load parameters, float buffers and counters (all of them, shapes checked, finite): an
