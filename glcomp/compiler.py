@@ -222,10 +222,12 @@ def _check_options(options: dict[str, Any]) -> None:
     from glcomp.codegen.target import Target
 
     limits = set(Target.__dataclass_fields__) - {"name", "glsl_version"}
-    unknown = sorted(set(options) - limits - {"passes", "storage"})
+    known = limits | {"passes", "storage"}
+    unknown = sorted(set(options) - known)
     if unknown:
-        raise GlcompError(f"unknown compile options {unknown}; known: {sorted(limits | {'passes', 'storage'})}")
-    if "storage" in options and (not isinstance(options["storage"], str) or options["storage"] not in STORAGE):
+        raise GlcompError(f"unknown compile options {unknown}; known: {sorted(known)}")
+    storage = options.get("storage", "f32")
+    if not isinstance(storage, str) or storage not in STORAGE:
         raise GlcompError(f"storage must be one of {list(STORAGE)}, got {options['storage']!r}")
     for key in set(options) & limits:
         value, kind = options[key], Target.__dataclass_fields__[key].type

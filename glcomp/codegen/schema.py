@@ -605,7 +605,9 @@ def validate_manifest(
             )
             sizes = {check_ref(r, f"{field}.targets") for r in targets}
             formats = {texture_format(textures[r]) if isinstance(r, str) else "f32" for r in targets}
-            c.need(len(formats) == 1, f"{field}: render targets must all have one format, got {sorted(formats)}")
+            c.need(
+                len(formats) == 1, f"{field}: render targets must all have one format, got {sorted(formats)}"
+            )
             vp = d.get("viewport")
             c.need(
                 isinstance(vp, list) and len(vp) == 2 and all(_is_int(v) for v in vp),
