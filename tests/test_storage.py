@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import MODELS
+from test_browser import HIDE, _js, browser, page, site  # noqa: F401  (browser fixtures)
 
 import glcomp
 from glcomp import optim
@@ -195,3 +198,119 @@ def test_budget_counts_half_textures_at_eight_bytes(models: Any):
     validate_manifest(m, names, texture_budget_bytes=size)
     with pytest.raises(GlcompError, match="more than the budget"):
         validate_manifest(m, names, texture_budget_bytes=size - 1)
+
+
+# -- the browser runtime ------------------------------------------------------------------------------
+BROWSER_JS = """
+// Count half-float allocations: RGBA16F storage (WebGL 2), HALF_FLOAT_OES texels (WebGL 1).
+let half = 0;
+const storage = WebGL2RenderingContext.prototype.texStorage2D;
+WebGL2RenderingContext.prototype.texStorage2D = function (t, l, fmt, ...rest) {
+  if (fmt === this.RGBA16F) half++;
+  return storage.call(this, t, l, fmt, ...rest);
+};
+const image = WebGLRenderingContext.prototype.texImage2D;
+WebGLRenderingContext.prototype.texImage2D = function (...args) {
+  if (args.length === 9 && args[7] === 0x8d61) half++;  // HALF_FLOAT_OES
+  return image.apply(this, args);
+};
+const rt = await g.Runtime.load(arg.base, { quiet: true });
+const losses = [];
+for (const [x, y] of arg.batches) losses.push(await rt.trainStep({ x, y }));
+const pred = await rt.predict({ x: arg.batches[0][0] });
+const w = rt.getWeights();
+rt.dispose();
+const weights = Object.fromEntries(Object.entries(w).map(([k, t]) => [k, Array.from(t.data, Number)]));
+return { losses, pred: Array.from(pred.data), weights, half, live: { ...window.__glLive } };
+"""
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("target", ["webgl2", "webgl1"])
+def test_f16_bundle_trains_in_chromium(
+    page: Any,  # noqa: F811 - fixtures of test_browser
+    site: Any,  # noqa: F811
+    gl_runtime: Any,
+    models: Any,
+    target: str,
+) -> None:
+    """The same f16 bundle in Chromium (SwiftShader) and on moderngl: both round temporaries to
+    half precision (GL lets either round or truncate), so they agree to the f16 tolerances."""
+    case = models["cnn"]
+    prog = case.compile(target, optim.Adam(lr=0.01), storage="f16")
+    name = f"f16_{target}"
+    prog.save(site.root / name)
+    batches = [case.batch(s) for s in range(STEPS)]
+    with gl_runtime(prog) as gl:
+        want = [gl.train_step(**feeds, y=y) for feeds, y in batches]
+        want_pred = gl.predict(**batches[0][0])
+        want_state = gl.state_dict()
+    arg = {
+        "base": f"/bundle/{name}/",
+        "batches": [[feeds["x"].ravel().tolist(), y.tolist()] for feeds, y in batches],
+    }
+    got = _js(page, BROWSER_JS, arg)
+    m = prog.bundle().manifest
+    assert got["half"] == sum(t.get("format") == "f16" for t in m["textures"].values()) > 0
+    np.testing.assert_allclose(got["losses"], want, rtol=LOSS_RTOL, err_msg="loss per step")
+    scale = float(np.abs(want_pred).max())
+    np.testing.assert_allclose(np.reshape(got["pred"], want_pred.shape), want_pred, atol=STATE_RTOL * scale)
+    for k, v in want_state.items():
+        w = np.reshape(got["weights"][k], v.shape)
+        assert np.abs(w - v).max() <= STATE_RTOL * (float(np.abs(v).max()) or 1.0), k
+    assert got["live"] and not any(got["live"].values()), got["live"]
+    assert not page.errors
+
+
+@pytest.mark.browser
+def test_browser_validator_rejects_bad_formats(page: Any) -> None:  # noqa: F811
+    """glcomp.js's validateManifest rejects the manifests glcomp's own validator rejects."""
+    manifest, names = half_manifest(MODELS["cnn"])
+    bad = {}
+    for what, (change, message) in BAD_MANIFESTS.items():
+        m = copy.deepcopy(manifest)
+        change(m)
+        bad[what] = (m, message)
+    got = _js(
+        page,
+        """
+      const out = { good: null };
+      try { g.validateManifest(arg.good, arg.names); } catch (err) { out.good = err.message; }
+      for (const [what, m] of Object.entries(arg.bad)) {
+        try { g.validateManifest(m, arg.names); out[what] = null; } catch (err) { out[what] = err.message; }
+      }
+      return out;
+    """,
+        {"good": manifest, "names": sorted(names), "bad": {k: m for k, (m, _) in bad.items()}},
+    )
+    assert got.pop("good") is None
+    for what, (_, message) in bad.items():
+        assert got[what] is not None, f"{what}: glcomp.js accepted it"
+        assert re.search(message, got[what]), f"{what}: {got[what]!r}"
+
+
+@pytest.mark.browser
+def test_webgl1_without_half_float_is_refused(browser: Any, site: Any, models: Any) -> None:  # noqa: F811
+    name = "f16_caps"
+    models["mlp"].compile("webgl1", optim.SGD(lr=0.1), storage="f16").save(site.root / name)
+    context = browser.new_context()
+    try:
+        pg = context.new_page()
+        pg.add_init_script(
+            HIDE % (json.dumps(["OES_texture_half_float", "EXT_color_buffer_half_float"]), "{}")
+        )
+        pg.goto(site.url + "glcomp.js")
+        msg = _js(
+            pg,
+            """
+          try { (await g.Runtime.load(arg, { quiet: true })).dispose(); return null; }
+          catch (err) { return err.message; }
+        """,
+            f"/bundle/{name}/",
+        )
+    finally:
+        context.close()
+    assert msg is not None, "an f16 bundle loaded without half-float textures"
+    assert msg.startswith("this browser cannot run the bundle"), msg
+    assert "OES_texture_half_float" in msg and "EXT_color_buffer_half_float" in msg, msg
+    assert "storage='f32'" in msg, msg
