@@ -225,20 +225,34 @@ return { losses, pred: Array.from(pred.data), weights, half, live: { ...window._
 """
 
 
+# With transposes pushed down and MRT and epilogue fusion off, the LSTM's recurrent weight
+# gradient is summed by additive blending, here into RGBA16F targets.
+BLEND = {"pushdown": True, "mrt": False, "epilogue": False}
+BROWSER_CASES = [("cnn", "webgl2", {}), ("cnn", "webgl1", {}), ("lstm", "webgl2", BLEND)]
+
+
 @pytest.mark.browser
-@pytest.mark.parametrize("target", ["webgl2", "webgl1"])
+@pytest.mark.parametrize(
+    ("model", "target", "passes"), BROWSER_CASES, ids=["cnn", "cnn-webgl1", "lstm-blend"]
+)
 def test_f16_bundle_trains_in_chromium(
     page: Any,  # noqa: F811 - fixtures of test_browser
     site: Any,  # noqa: F811
     gl_runtime: Any,
     models: Any,
+    model: str,
     target: str,
+    passes: dict[str, bool],
 ) -> None:
     """The same f16 bundle in Chromium (SwiftShader) and on moderngl: both round temporaries to
     half precision (GL lets either round or truncate), so they agree to the f16 tolerances."""
-    case = models["cnn"]
-    prog = case.compile(target, optim.Adam(lr=0.01), storage="f16")
-    name = f"f16_{target}"
+    case = models[model]
+    prog = case.compile(target, optim.Adam(lr=0.01), storage="f16", passes=passes)
+    if passes:
+        m = prog.bundle().manifest
+        blended = [t for d in m["entries"]["train_step"]["draws"] if d["blend"] for t in d["targets"]]
+        assert blended and all(m["textures"][t].get("format") == "f16" for t in blended)
+    name = f"f16_{model}_{target}"
     prog.save(site.root / name)
     batches = [case.batch(s) for s in range(STEPS)]
     with gl_runtime(prog) as gl:

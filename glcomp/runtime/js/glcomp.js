@@ -1227,6 +1227,7 @@ export class Runtime {
   }
 
   _write(refs, flat, layout) {
+    // Only states and entry inputs are written, and the validator holds both to RGBA32F ("f32").
     const gl = this.gl;
     const pages = pack(flat, layout);
     gl.activeTexture(gl.TEXTURE0);
