@@ -273,7 +273,9 @@ def test_f16_bundle_trains_in_chromium(
         w = np.reshape(got["weights"][k], v.shape)
         assert np.abs(w - v).max() <= STATE_RTOL * (float(np.abs(v).max()) or 1.0), k
     assert got["live"] and not any(got["live"].values()), got["live"]
-    assert not page.errors
+    # Chrome's "GPU stall due to ReadPixels" performance note (getWeights reads synchronously)
+    # comes and goes with the machine's load; anything else (WebGL errors) fails the test.
+    assert not [e for e in page.errors if "Performance" not in e], page.errors
 
 
 @pytest.mark.browser
