@@ -52,7 +52,9 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     all gradients so their global L2 norm is at most the value (torch's clip_grad_norm_), both
     inside the train step. Extra `options` are kept for the code generator: target limits
     (max_texture_size, max_draw_buffers, max_texture_units, max_loop_iterations) and
-    ``passes={"fusion": ..., "mrt": ..., "memplan": ...}`` to switch passes off.
+    ``passes={"fusion": ..., "mrt": ..., "memplan": ...}`` to switch passes off, and
+    ``storage="f32"|"f16"``: the texel format of temporary textures (see
+    glcomp.codegen.bundle.STORAGE; parameters and optimizer state always stay float32).
     """
     _check_arguments(model, inputs, loss, optimizer, target, target_name, clip_grad_value, clip_grad_norm)
     _check_options(options)
@@ -215,13 +217,17 @@ def _check_arguments(
 def _check_options(options: dict[str, Any]) -> None:
     """Target limits and ``passes`` as the code generator understands them (checked now, not
     when a GL runtime is first built)."""
-    from glcomp.codegen.bundle import PASSES
+    from glcomp.codegen.bundle import PASSES, STORAGE
     from glcomp.codegen.target import Target
 
     limits = set(Target.__dataclass_fields__) - {"name", "glsl_version"}
-    unknown = sorted(set(options) - limits - {"passes"})
+    known = limits | {"passes", "storage"}
+    unknown = sorted(set(options) - known)
     if unknown:
-        raise GlcompError(f"unknown compile options {unknown}; known: {sorted(limits | {'passes'})}")
+        raise GlcompError(f"unknown compile options {unknown}; known: {sorted(known)}")
+    storage = options.get("storage", "f32")
+    if not isinstance(storage, str) or storage not in STORAGE:
+        raise GlcompError(f"storage must be one of {list(STORAGE)}, got {options['storage']!r}")
     for key in set(options) & limits:
         value, kind = options[key], Target.__dataclass_fields__[key].type
         if kind in (bool, "bool"):

@@ -21,7 +21,7 @@ from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.plan import Kernel, plan_kernels
 from glcomp.codegen.programs import canonical
 from glcomp.codegen.render import KernelRenderer, vertex_shader
-from glcomp.codegen.schema import shader_loop_bound
+from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
 from glcomp.codegen.split_wide import split_wide
 from glcomp.codegen.target import Target, make_target
 from glcomp.errors import GlcompError
@@ -124,6 +124,58 @@ def passes_of(program: Program) -> dict[str, bool]:
     return {name: bool(given.get(name, name not in OFF_BY_DEFAULT)) for name in PASSES}
 
 
+# Texel formats of temporary textures (compile option ``storage=``). A texture record in the
+# manifest carries ``"format": "f16"`` when it is RGBA16F; without the field it is RGBA32F, so
+# bundles compiled with the default ``storage="f32"`` are byte for byte what they were before the
+# option existed. Shaders compute in highp (float32) registers either way: only what a texel
+# holds between draws is rounded to half precision.
+STORAGE = {
+    "f32": "RGBA32F textures everywhere (the default)",
+    "f16": "RGBA16F temporaries (activations, gradients): half their texture memory and bandwidth; "
+    "states (parameters, buffers, optimizer moments), entry inputs and the loss stay RGBA32F",
+}
+
+
+def storage_of(program: Program) -> str:
+    """The ``storage=`` option in effect ("f32" unless given)."""
+    storage = program.options.get("storage", "f32")
+    if storage not in STORAGE:
+        raise GlcompError(f"storage must be one of {list(STORAGE)}, got {storage!r}")
+    return str(storage)
+
+
+def texture_formats(entries: dict[str, Any], temporaries: set[str], storage: str) -> dict[str, str]:
+    """The format of each temporary texture under `storage`.
+
+    With "f16", a temporary is RGBA16F unless it must hold float32: it carries an entry's input
+    (class ids and token ids above 2048 are not exact in half precision), it holds the loss an
+    entry reads back (a sum loss beyond 65504 would read as inf, and ``train_steps`` would call a
+    finite step divergent), or a draw renders to it together with a float32 texture (WebGL 1's
+    WEBGL_draw_buffers does not promise render targets of mixed formats; states are float32, so
+    a draw that also writes a state writes float32 everywhere). Other read-back outputs
+    (predictions, gradients) are RGBA16F and read back widened to float32. Parameters and
+    optimizer moments stay float32 because updates far smaller than the value (lr * grad against
+    a weight; Adam's second moment of gradients around 1e-4) vanish when rounded to 11
+    significant bits."""
+    if storage == "f32":
+        return dict.fromkeys(temporaries, "f32")
+    wide: set[str] = set()
+    for e in entries.values():
+        wide |= {r for refs in e["inputs"].values() for r in refs if isinstance(r, str)}
+        wide |= {r for r in e["outputs"].get("loss", {}).get("textures", []) if isinstance(r, str)}
+    groups = [d["targets"] for e in entries.values() for d in e["draws"]]
+    changed = True
+    while changed:  # a promoted texture can promote the co-targets of its other draws
+        changed = False
+        for targets in groups:
+            if any(not isinstance(r, str) or r in wide for r in targets):
+                new = {r for r in targets if isinstance(r, str)} - wide
+                if new:
+                    wide |= new
+                    changed = True
+    return {t: "f32" if t in wide else storage for t in temporaries}
+
+
 def target_of(program: Program) -> Target:
     limits = {k: program.options[k] for k in TARGET_LIMITS + ("float_blend",) if k in program.options}
     return make_target(program.options.get("target", "webgl2"), **limits)
@@ -184,8 +236,11 @@ def build_bundle(program: Program) -> Bundle:
         if isinstance(ref, str)
     }
     textures = {name: {"width": w, "height": h} for name, (w, h) in pool.sizes().items() if name in named}
+    for name, fmt in texture_formats(entries, set(textures), storage_of(program)).items():
+        if fmt != "f32":  # no field means RGBA32F: f32 manifests stay as they were
+            textures[name]["format"] = fmt
     textures |= {name: {"width": w, "height": h} for name, (w, h) in state_sizes.items()}
-    peak = sum(16 * t["width"] * t["height"] for t in textures.values())
+    peak = sum(TEXEL_BYTES[t.get("format", "f32")] * t["width"] * t["height"] for t in textures.values())
     inputs = {}
     for entry in entries:
         for name, spec in program.input_specs(entry).items():

@@ -41,6 +41,9 @@ _SHADER = re.compile(r"[A-Za-z0-9_]{1,64}\.(frag|vert)")
 _UNIFORM = re.compile(r"[a-z][a-z0-9_]{0,40}")
 ENTRY_POINTS = ("predict", "gradients", "train_step")
 MAX_SIDE = 1 << 16
+# Texel formats a texture record may name in "format" (absent: "f32"), and their sizes in bytes.
+TEXEL_BYTES = {"f32": 16, "f16": 8}
+TEXTURE_KEYS = ("format", "height", "width")
 
 
 PROGRAM_FILE = "program.json"
@@ -353,8 +356,17 @@ def check_layout(c: _Check, lay: Any, field: str, shape: Any = None) -> dict[str
 
 
 def texture_bytes(manifest: dict[str, Any]) -> int:
-    """Bytes of GPU memory the (validated) manifest's RGBA32F textures take."""
-    return sum(16 * t["width"] * t["height"] for t in manifest["textures"].values())
+    """Bytes of GPU memory the (validated) manifest's textures take (RGBA32F 16 a texel, RGBA16F 8)."""
+    return sum(texel_bytes(t) * t["width"] * t["height"] for t in manifest["textures"].values())
+
+
+def texture_format(tex: dict[str, Any]) -> str:
+    """A (validated) texture record's texel format: "f32" (RGBA32F) or "f16" (RGBA16F)."""
+    return str(tex.get("format", "f32"))
+
+
+def texel_bytes(tex: dict[str, Any]) -> int:
+    return TEXEL_BYTES[texture_format(tex)]
 
 
 def validate_manifest(
@@ -367,7 +379,8 @@ def validate_manifest(
     """Raise GlcompError for anything in a manifest that does not fit the schema; never raises
     anything else, whatever `m` holds. The browser runtime's validateManifest accepts and rejects
     exactly the same manifests. Beyond the structure it checks resources before anything is
-    allocated: the textures' total size (16 bytes a texel) is at most `texture_budget_bytes`,
+    allocated: the textures' total size (16 bytes a texel, 8 for ``"format": "f16"``) is at most
+    `texture_budget_bytes`,
     every texture is used by a state, an entry's inputs or outputs, or a draw, and every draw's
     declared loop iterations (its program's ``loop_iterations`` per fragment times the viewport's
     fragments) are at most `loop_budget`."""
@@ -405,10 +418,16 @@ def validate_manifest(
     for name, tex in textures.items():
         c.name(name, "texture")
         tex = c.dict(tex, f"textures.{name}")
+        extra = sorted(set(tex) - set(TEXTURE_KEYS), key=str)
+        c.need(not extra, f"textures.{name}: unknown fields {_short(extra)} (known: {list(TEXTURE_KEYS)})")
         for side in ("width", "height"):
             v = c.int(tex.get(side), f"textures.{name}.{side}", 1, max_size)
             c.need(v & (v - 1) == 0, f"textures.{name}.{side} must be a power of two")
-        total += 16 * tex["width"] * tex["height"]
+        c.need(
+            "format" not in tex or _is_str_in(tex["format"], TEXEL_BYTES),
+            f"textures.{name}.format must be one of {list(TEXEL_BYTES)}, got {_short(tex.get('format'))}",
+        )
+        total += texel_bytes(tex) * tex["width"] * tex["height"]
     c.need(
         total <= texture_budget_bytes,
         f"the textures take {total} bytes, more than the budget of {texture_budget_bytes} bytes",
@@ -435,8 +454,12 @@ def validate_manifest(
             for t in group:
                 c.need(_is_str_in(t, textures), f"states.{name} refers to unknown texture {_short(t)}")
                 c.need(
-                    textures[t] == {"width": lay["width"], "height": lay["height"]},
+                    (textures[t]["width"], textures[t]["height"]) == (lay["width"], lay["height"]),
                     f"states.{name}: texture {t!r} has the wrong size",
+                )
+                c.need(
+                    texture_format(textures[t]) == "f32",
+                    f"states.{name}: texture {t!r} must be f32 (states are kept in float32)",
                 )
                 c.need(
                     t not in owner, f"states.{name}: texture {t!r} is used twice by the state texture sets"
@@ -528,6 +551,10 @@ def validate_manifest(
                     size == want,
                     f"entries.{entry}.inputs.{name}: a texture's size is not {want}",
                 )
+                c.need(
+                    not isinstance(r, str) or texture_format(textures[r]) == "f32",
+                    f"entries.{entry}.inputs.{name}: input texture {r!r} must be f32",
+                )
         for name, out in c.dict(e.get("outputs"), f"entries.{entry}.outputs").items():
             c.state_name(name, f"entries.{entry}.outputs")
             out = c.dict(out, f"entries.{entry}.outputs.{name}")
@@ -577,6 +604,10 @@ def validate_manifest(
                 f"{field}: one target per program output expected",
             )
             sizes = {check_ref(r, f"{field}.targets") for r in targets}
+            formats = {texture_format(textures[r]) if isinstance(r, str) else "f32" for r in targets}
+            c.need(
+                len(formats) == 1, f"{field}: render targets must all have one format, got {sorted(formats)}"
+            )
             vp = d.get("viewport")
             c.need(
                 isinstance(vp, list) and len(vp) == 2 and all(_is_int(v) for v in vp),

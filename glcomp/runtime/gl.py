@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from glcomp.codegen.schema import texel_bytes, texture_format
 from glcomp.errors import GlcompError
 from glcomp.runtime.feeds import (
     check_feeds,
@@ -40,6 +41,9 @@ from glcomp.runtime.feeds import (
 )
 from glcomp.runtime.packing import pack, unpack
 
+# Texel format of a manifest texture -> (moderngl dtype, GL internal format name).
+_GL_FORMATS = {"f32": ("f4", "RGBA32F"), "f16": ("f2", "RGBA16F")}
+_NUMPY_DTYPES = {"f4": np.float32, "f2": np.float16}
 _QUAD = np.array([-1.0, -1.0, 3.0, -1.0, -1.0, 3.0], dtype="f4")  # one triangle covers the viewport
 
 # -- one GL call at a time -------------------------------------------------------------------------
@@ -318,9 +322,13 @@ class GLRuntime:
         ctx.clear_errors()
         for name, t in m["textures"].items():
             size = (t["width"], t["height"])
-            what = f"texture {name!r} ({size[0]}x{size[1]} RGBA32F, {size[0] * size[1] * 16} bytes)"
+            fmt = texture_format(t)
+            what = (
+                f"texture {name!r} ({size[0]}x{size[1]} {_GL_FORMATS[fmt][1]}, "
+                f"{size[0] * size[1] * texel_bytes(t)} bytes)"
+            )
             try:
-                tex = self._new(ctx.texture(size, 4, dtype="f4"))
+                tex = self._new(ctx.texture(size, 4, dtype=_GL_FORMATS[fmt][0]))
             except Exception as err:
                 raise GlcompError(f"{what} could not be allocated: {err}") from None
             error = ctx.error
@@ -397,13 +405,15 @@ class GLRuntime:
 
     def _write(self, refs: list[Any], array: np.ndarray, layout: dict[str, Any]) -> None:
         for ref, page in zip(refs, pack(array, layout), strict=True):
-            self._texture(ref).write(page.tobytes())
+            tex = self._texture(ref)
+            tex.write(page.astype(_NUMPY_DTYPES[tex.dtype]).tobytes())
 
     def _read(self, refs: list[Any], layout: dict[str, Any]) -> np.ndarray:
+        """The values of the textures `refs` as float32 (RGBA16F texels are widened exactly)."""
         pages = []
         for ref in refs:
             tex = self._texture(ref)
-            data = np.frombuffer(tex.read(), dtype=np.float32)
+            data = np.frombuffer(tex.read(), dtype=_NUMPY_DTYPES[tex.dtype]).astype(np.float32)
             pages.append(data.reshape(tex.height, tex.width, 4))
         return unpack(pages, layout)
 

@@ -23,7 +23,14 @@ const ENTRY_POINTS = ["predict", "gradients", "train_step"];
 const QUAD = new Float32Array([-1, -1, 3, -1, -1, 3]); // one triangle covers the viewport
 const SOFTWARE_RE = /swiftshader|llvmpipe|softpipe|software|basic render|lavapipe|swrast/i;
 // Resource limits, the same as glcomp/codegen/schema.py's (both loaders accept the same bundles).
-export const DEFAULT_TEXTURE_BUDGET = 2 * 2 ** 30; // bytes of RGBA32F textures a bundle may declare
+export const DEFAULT_TEXTURE_BUDGET = 2 * 2 ** 30; // bytes of textures a bundle may declare
+// Texel formats a manifest texture may name in "format" (absent: "f32"), and their sizes in bytes.
+export const TEXEL_BYTES = { f32: 16, f16: 8 };
+const TEXTURE_KEYS = ["format", "height", "width"];
+/** A (validated) texture record's texel format: "f32" (RGBA32F) or "f16" (RGBA16F). */
+export function textureFormat(tex) {
+  return tex.format === undefined ? "f32" : tex.format;
+}
 export const DEFAULT_LOOP_BUDGET = 2 ** 32; // loop iterations one draw may run
 const MAX_INT = 2 ** 40;
 const MAX_OFFSET = 2 ** 24; // integer uniforms (view offsets): exact in highp int
@@ -150,11 +157,15 @@ export function validateManifest(m, shaderNames, options = {}) {
   for (const [name, tex] of Object.entries(textures)) {
     c.name(name, "texture");
     c.dict(tex, `textures.${name}`);
+    const extra = Object.keys(tex).filter((k) => !TEXTURE_KEYS.includes(k)).sort();
+    c.need(!extra.length, `textures.${name}: unknown fields ${fmtList(extra)} (known: ${fmtList(TEXTURE_KEYS)})`);
     for (const side of ["width", "height"]) {
       const v = c.int(tex[side], `textures.${name}.${side}`, 1, maxSize);
       c.need((v & (v - 1)) === 0, `textures.${name}.${side} must be a power of two`);
     }
-    total += 16 * tex.width * tex.height;
+    c.need(tex.format === undefined || (typeof tex.format === "string" && Object.hasOwn(TEXEL_BYTES, tex.format)),
+      `textures.${name}.format must be one of ${fmtList(Object.keys(TEXEL_BYTES))}, got ${repr(tex.format)}`);
+    total += TEXEL_BYTES[textureFormat(tex)] * tex.width * tex.height;
   }
   c.need(total <= textureBudget, `the textures take ${total} bytes, more than the budget of ${textureBudget} bytes`);
   const used = new Set();
@@ -173,8 +184,8 @@ export function validateManifest(m, shaderNames, options = {}) {
       for (const t of group) {
         c.need(typeof t === "string" && Object.hasOwn(textures, t), `states.${name} refers to unknown texture ${repr(t)}`);
         const tex = textures[t];
-        c.need(sameList(sortedKeys(tex), ["height", "width"]) && tex.width === lay.width && tex.height === lay.height,
-          `states.${name}: texture ${repr(t)} has the wrong size`);
+        c.need(tex.width === lay.width && tex.height === lay.height, `states.${name}: texture ${repr(t)} has the wrong size`);
+        c.need(textureFormat(tex) === "f32", `states.${name}: texture ${repr(t)} must be f32 (states are kept in float32)`);
         c.need(!owner.has(t), `states.${name}: texture ${repr(t)} is used twice by the state texture sets`);
         owner.set(t, name);
       }
@@ -250,6 +261,8 @@ export function validateManifest(m, shaderNames, options = {}) {
       for (const r of refs) {
         const [w, h] = checkRef(r, `entries.${entry}.inputs.${name}`);
         c.need(w === lay.width && h === lay.height, `entries.${entry}.inputs.${name}: texture size differs from the layout`);
+        c.need(typeof r !== "string" || textureFormat(textures[r]) === "f32",
+          `entries.${entry}.inputs.${name}: input texture ${repr(r)} must be f32`);
       }
     }
     for (const [name, out] of Object.entries(c.dict(e.outputs, `entries.${entry}.outputs`))) {
@@ -289,6 +302,8 @@ export function validateManifest(m, shaderNames, options = {}) {
       const targets = d.targets;
       c.need(Array.isArray(targets) && targets.length === prog.outputs, `${field}: one target per program output expected`);
       const sizes = new Set(targets.map((r) => checkRef(r, `${field}.targets`).join("x")));
+      const formats = new Set(targets.map((r) => (typeof r === "string" ? textureFormat(textures[r]) : "f32")));
+      c.need(formats.size === 1, `${field}: render targets must all have one format, got ${fmtList([...formats].sort())}`);
       const vp = d.viewport;
       c.need(Array.isArray(vp) && vp.length === 2 && vp.every(isInt), `${field}.viewport must be [width, height]`);
       c.need(sizes.size === 1 && sizes.has(vp.join("x")), `${field}: render targets must all match the viewport size`);
@@ -1062,7 +1077,11 @@ export class Runtime {
     const kernelOf = {};
     for (const e of Object.values(m.entries)) for (const d of e.draws) kernelOf[d.program] ??= d.kernel;
     const which = (pid) => `program ${pid}${kernelOf[pid] ? ` (kernel ${kernelOf[pid]})` : ""}`;
-    const blend = Object.values(m.entries).some((e) => e.draws.some((d) => d.blend === true));
+    // Additive blending into RGBA32F needs EXT_float_blend; into RGBA16F it comes with the
+    // extensions that make RGBA16F renderable.
+    const isF32 = (r) => typeof r !== "string" || textureFormat(m.textures[r]) === "f32";
+    const blend = Object.values(m.entries).some((e) => e.draws.some((d) => d.blend === true && d.targets.some(isF32)));
+    const half = Object.values(m.textures).some((t) => textureFormat(t) === "f16");
     if (this.webgl2) {
       ext.colorBufferFloat = gl.getExtension("EXT_color_buffer_float");
       if (!ext.colorBufferFloat) lacks.push("EXT_color_buffer_float (rendering into RGBA32F float textures)");
@@ -1071,6 +1090,19 @@ export class Runtime {
       if (!ext.textureFloat) lacks.push("OES_texture_float (float textures)");
       ext.colorBufferFloat = gl.getExtension("WEBGL_color_buffer_float") || gl.getExtension("EXT_color_buffer_float");
       if (!ext.colorBufferFloat) lacks.push("WEBGL_color_buffer_float (rendering into float textures)");
+      if (half) {
+        // A bundle compiled with storage="f16": RGBA16F temporaries (WebGL 2 has them in core,
+        // rendering into them comes with EXT_color_buffer_float).
+        ext.textureHalfFloat = gl.getExtension("OES_texture_half_float");
+        if (!ext.textureHalfFloat) {
+          lacks.push("OES_texture_half_float (half-float textures; compile with storage='f32' for this device)");
+        }
+        ext.colorBufferHalfFloat = gl.getExtension("EXT_color_buffer_half_float");
+        if (!ext.colorBufferHalfFloat) {
+          lacks.push("EXT_color_buffer_half_float (rendering into half-float textures; compile with storage='f32' "
+            + "for this device)");
+        }
+      }
       if (outputs > 1) {
         ext.drawBuffers = gl.getExtension("WEBGL_draw_buffers");
         if (!ext.drawBuffers) lacks.push(`WEBGL_draw_buffers (programs write ${outputs} outputs per draw)`);
@@ -1171,7 +1203,7 @@ export class Runtime {
     gl.pixelStorei(gl.PACK_ALIGNMENT, 4);
     gl.activeTexture(gl.TEXTURE0);
     while (gl.getError() !== gl.NO_ERROR && !gl.isContextLost()) { /* start from a clean error state */ }
-    const totalBytes = Object.values(m.textures).reduce((a, t) => a + 16 * t.width * t.height, 0);
+    const totalBytes = Object.values(m.textures).reduce((a, t) => a + TEXEL_BYTES[textureFormat(t)] * t.width * t.height, 0);
     for (const [name, t] of Object.entries(m.textures)) {
       const tex = this._track("textures", gl.createTexture());
       tex.__name = name;
@@ -1182,13 +1214,19 @@ export class Runtime {
       gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MAG_FILTER, gl.NEAREST);
       gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_S, gl.CLAMP_TO_EDGE);
       gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_T, gl.CLAMP_TO_EDGE);
-      if (this.webgl2) gl.texStorage2D(gl.TEXTURE_2D, 1, gl.RGBA32F, t.width, t.height);
-      else gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA, t.width, t.height, 0, gl.RGBA, gl.FLOAT, null);
+      const half = textureFormat(t) === "f16";
+      tex.__format = textureFormat(t);
+      if (this.webgl2) gl.texStorage2D(gl.TEXTURE_2D, 1, half ? gl.RGBA16F : gl.RGBA32F, t.width, t.height);
+      else {
+        const type = half ? this.ext.textureHalfFloat.HALF_FLOAT_OES : gl.FLOAT;
+        gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA, t.width, t.height, 0, gl.RGBA, type, null);
+      }
       const err = gl.getError();
       if (err !== gl.NO_ERROR || gl.isContextLost()) {
         const why = gl.isContextLost() ? "the WebGL context was lost"
           : err === gl.OUT_OF_MEMORY ? "out of GPU memory" : `WebGL error 0x${err.toString(16)}`;
-        throw new GlcompError(`texture ${repr(name)} (${t.width}x${t.height} RGBA32F, ${16 * t.width * t.height} bytes) `
+        const bytes = TEXEL_BYTES[textureFormat(t)] * t.width * t.height;
+        throw new GlcompError(`texture ${repr(name)} (${t.width}x${t.height} ${half ? "RGBA16F" : "RGBA32F"}, ${bytes} bytes) `
           + `could not be allocated: ${why} (the bundle needs ${totalBytes} bytes of textures)`);
       }
       this.textures.set(name, tex);
@@ -1278,6 +1316,7 @@ export class Runtime {
   }
 
   _write(refs, flat, layout) {
+    // Only states and entry inputs are written, and the validator holds both to RGBA32F ("f32").
     const gl = this.gl;
     const pages = pack(flat, layout);
     gl.activeTexture(gl.TEXTURE0);
