@@ -11,8 +11,6 @@ a framebuffer must have one size (WebGL 2), so the group's values get a common f
 
 from __future__ import annotations
 
-import math
-
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.plan import FUSIBLE, Kernel
 from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
@@ -76,23 +74,11 @@ DRAW_COST = 20_000
 
 
 def root_cost(graph: Graph, n: int) -> int:
-    """Shader work per output element of root `n`: its loop length (1 for elementwise roots)."""
-    op = graph.op(n)
-    ins = [graph.shape(i) for i in graph.operands(n)]
-    attrs = graph.attrs(n)
-    if op == "matmul":
-        return ins[0][1]
-    if op == "conv2d":
-        return ins[1][1] * ins[1][2] * ins[1][3]
-    if op == "conv2d_input_grad":
-        return ins[1][0] * ins[1][2] * ins[1][3]
-    if op == "conv2d_weight_grad":
-        return ins[1][0] * ins[1][2] * ins[1][3]
-    if get_op(op).kind == "reduce":
-        return max(1, math.prod(ins[0][a] for a in attrs["axes"]))
-    if get_op(op).kind == "pool":
-        return math.prod(attrs["kernel"]) * (math.prod(attrs["kernel"]) if op.endswith("grad") else 1)
-    return 1
+    """Shader work per output element of root `n`: its loop length (1 for elementwise roots),
+    from the renderer's loop model, the one the loop budget uses too."""
+    if _fusible_root(graph, n) or get_op(graph.op(n)).kind == "source":
+        return 1
+    return max(1, fragment_iterations(graph, [n], set(graph.operands(n)), 1 << 30) // 4)
 
 
 def _pays(
