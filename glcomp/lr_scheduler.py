@@ -45,7 +45,8 @@ class LRScheduler:
         self.step()
 
     def lr_at(self, epoch: int) -> float:
-        raise NotImplementedError
+        """The learning rate after `epoch` scheduler steps; each schedule defines it."""
+        raise GlcompError(f"{type(self).__name__} defines no schedule (LRScheduler.lr_at)")
 
     def step(self) -> None:
         """Advance one epoch (or step) and set the learning rate of every target."""

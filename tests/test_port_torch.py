@@ -766,3 +766,9 @@ def test_attention_and_none_indexing_like_torch() -> None:
     check_grads(
         prog.runtime("reference"), tmodel, {"x": x, "mask": np.nan_to_num(mask, neginf=-1e30), "y": y}
     )
+
+
+def test_base_scheduler_without_a_schedule_is_a_clear_error() -> None:
+    opt = optim.SGD(lr=0.1)
+    with pytest.raises(GlcompError, match=r"LRScheduler defines no schedule"):
+        lr_scheduler.LRScheduler(opt)
