@@ -29,8 +29,9 @@ def drop_unused_helpers(source: str) -> str:
     """The source without the prelude helper functions (and their comment lines) that nothing
     calls, so every shader compiles only what it uses.
 
-    Guarantee: only top-level helper definitions whose name no remaining code mentions are
-    removed (all overloads of a name go together); a helper used by another kept helper stays."""
+    Guarantee: a helper (all overloads of its name together) stays exactly when code outside
+    the helpers calls it, directly or through other helpers (GLSL has no recursion). Linear in
+    the shader's length."""
     lines = source.split("\n")
     spans: list[tuple[str, int, int]] = []  # (helper, first line incl. its comments, last line)
     for i, line in enumerate(lines):
@@ -45,18 +46,23 @@ def drop_unused_helpers(source: str) -> str:
         while start > 0 and lines[start - 1].startswith("//") and not lines[start - 1].startswith("// from"):
             start -= 1
         spans.append((m.group(1), start, end))
-    removed: set[str] = set()
-    while True:
-        unused = set()
-        for name in {n for n, _, _ in spans} - removed:
-            # Code outside this helper's own definitions and outside removed helpers.
-            skip = {k for n, a, b in spans if n == name or n in removed for k in range(a, b + 1)}
-            text = "\n".join(line for k, line in enumerate(lines) if k not in skip)
-            if not re.search(rf"\b{name}\(", text):
-                unused.add(name)
-        if not unused:
-            break
-        removed |= unused
+    if not spans:
+        return source
+    in_span = set().union(*(range(a, b + 1) for _, a, b in spans))
+    calls = re.compile(r"\b(" + "|".join(sorted({re.escape(n) for n, _, _ in spans})) + r")\(")
+    # Helpers reachable from the rest of the shader through calls, helper to helper.
+    outside = "\n".join(line for k, line in enumerate(lines) if k not in in_span)
+    callees: dict[str, set[str]] = {}
+    for name, a, b in spans:
+        own = "\n".join(lines[a : b + 1])
+        callees.setdefault(name, set()).update(c for c in calls.findall(own) if c != name)
+    reached, todo = set(), list(set(calls.findall(outside)))
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(callees.get(name, ()))
+    removed = {n for n, _, _ in spans} - reached
     drop = {k for n, a, b in spans if n in removed for k in range(a, b + 1)}
     return "\n".join(line for k, line in enumerate(lines) if k not in drop)
 

@@ -30,12 +30,7 @@ from glcomp.ir.graph import Graph, origin
 def _replace(graph: Graph, old: int, new: int) -> None:
     """Point every reader of `old` (and every output naming it) at `new`, then remove `old`
     and whatever only it read."""
-    for _, user, key, index in list(graph.g.out_edges(old, keys=True, data="index")):
-        graph.g.remove_edge(old, user, key)
-        graph.g.add_edge(new, user, index=index)
-    for name, n in graph.outputs.items():
-        if n == old:
-            graph.outputs[name] = new
+    graph.replace_uses(old, new)
     keep = set(graph.inputs.values()) | set(graph.outputs.values())
     dead = [old]
     while dead:

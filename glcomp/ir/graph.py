@@ -128,6 +128,16 @@ class Graph:
         return new
 
     # -- maintenance --------------------------------------------------------------------------
+    def replace_uses(self, old: int, new: int) -> None:
+        """Point every reader of `old` (and every output naming it) at `new`, in place; `old`
+        stays in the graph, unread (`prune` removes it)."""
+        for _, user, key, index in list(self.g.out_edges(old, keys=True, data="index")):
+            self.g.remove_edge(old, user, key)
+            self.g.add_edge(new, user, index=index)
+        for name, n in self.outputs.items():
+            if n == old:
+                self.outputs[name] = new
+
     def prune(self) -> Graph:
         """Return a copy without nodes that no output depends on (inputs are always kept)."""
         keep: set[int] = set(self.inputs.values())

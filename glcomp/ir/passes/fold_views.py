@@ -13,7 +13,6 @@ read a texel at a time. Rules, applied bottom-up until none matches:
 from __future__ import annotations
 
 from glcomp.ir.graph import Graph, origin
-from glcomp.ir.passes.transpose_pushdown import _replace
 
 
 def _fold(graph: Graph, n: int) -> int | None:
@@ -63,6 +62,6 @@ def fold_views(graph: Graph) -> Graph:
                 continue  # already bypassed, waiting to be pruned
             new = _fold(g, n)
             if new is not None and new != n:
-                _replace(g, n, new)
+                g.replace_uses(n, new)
                 changed = True
     return g.prune()

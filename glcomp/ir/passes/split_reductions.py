@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 from glcomp.ir.graph import Graph, origin
-from glcomp.ir.passes.transpose_pushdown import _replace
 
 LONG = 256  # reductions at least this long are split...
 FEW = 1024  # ...when they produce at most this many values
@@ -70,5 +69,5 @@ def split_reductions(graph: Graph) -> Graph:
         if g.op(n) in ("sum", "max"):
             new = _split(g, n)
             if new is not None:
-                _replace(g, n, new)
+                g.replace_uses(n, new)
     return g.prune()

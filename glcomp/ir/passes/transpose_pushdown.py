@@ -15,16 +15,6 @@ from __future__ import annotations
 from glcomp.ir.graph import Graph, origin
 
 
-def _replace(graph: Graph, old: int, new: int) -> None:
-    """Point every reader of `old` (and every output naming it) at `new`."""
-    for _, user, key, index in list(graph.g.out_edges(old, keys=True, data="index")):
-        graph.g.remove_edge(old, user, key)
-        graph.g.add_edge(new, user, index=index)
-    for name, n in graph.outputs.items():
-        if n == old:
-            graph.outputs[name] = new
-
-
 def _single_reader(graph: Graph, n: int) -> bool:
     return graph.g.out_degree(n) == 1 and n not in graph.outputs.values()
 
@@ -54,7 +44,7 @@ def _rewrite(graph: Graph, n: int) -> bool:
             new = x if composed == tuple(range(len(perm))) else graph.add("permute", [x], perm=composed)
         else:
             return False
-    _replace(graph, n, new)
+    graph.replace_uses(n, new)
     return True
 
 
