@@ -170,3 +170,26 @@ def test_load_state_dict_checks_names_and_shapes(trained: Any, gl_runtime: Any):
             gl.load_state_dict(state | {"extra": np.zeros(2)})
         for name, value in gl.state_dict().items():  # nothing was loaded
             np.testing.assert_array_equal(value, state[name], err_msg=name)
+
+
+def test_device_with_fewer_texture_units_refuses_the_bundle(
+    models: dict[str, Any], gl_ctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bundle whose shaders read more textures than the GPU's MAX_TEXTURE_IMAGE_UNITS is refused by
+    name (the program, its kernel, both numbers and the compile option that fits), not run."""
+    import glcomp.runtime.gl as gl_runtime
+
+    bundle = build_bundle(models["cnn"].compile("webgl2"))
+    programs = bundle.manifest["programs"]
+    widest = max(programs, key=lambda pid: len(programs[pid]["samplers"]))
+    units = len(programs[widest]["samplers"]) - 1
+    real = gl_runtime._info_of
+    monkeypatch.setattr(gl_runtime, "_info_of", lambda ctx: {**real(ctx), "max_texture_units": units})
+    with pytest.raises(GlcompError) as info:
+        GLRuntime(bundle, ctx=gl_ctx)
+    msg = str(info.value)
+    assert f"has {units} texture units (MAX_TEXTURE_IMAGE_UNITS)" in msg, msg
+    assert re.search(r"program p\d+ \(kernel k\d+", msg) and f"max_texture_units={units}" in msg, msg
+    fits = build_bundle(models["cnn"].compile("webgl2", max_texture_units=units))
+    with GLRuntime(fits, ctx=gl_ctx) as rt:
+        assert np.isfinite(rt.predict(x=models["cnn"].batch()[0]["x"])).all()

@@ -386,6 +386,16 @@ class GLRuntime:
             raise GlcompError(
                 f"the bundle needs {outputs} draw buffers; {info['renderer']} has {info['max_draw_buffers']}"
             )
+        units = info["max_texture_units"]
+        draws = [d for e in self.manifest["entries"].values() for d in e["draws"]]
+        for pid, p in self.manifest["programs"].items():
+            if units and len(p["samplers"]) > units:
+                kernel = next((d["kernel"] for d in draws if d["program"] == pid), pid)
+                raise GlcompError(
+                    f"program {pid} (kernel {kernel}) reads {len(p['samplers'])} textures; "
+                    f"{info['renderer']} has {units} texture units (MAX_TEXTURE_IMAGE_UNITS): "
+                    f"compile with max_texture_units={units}"
+                )
 
     def _check_usable(self) -> None:
         if self._released:
