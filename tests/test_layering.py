@@ -17,7 +17,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 import glcomp
+from glcomp import nn
 
 ROOT = Path(glcomp.__file__).parent
 
@@ -134,3 +138,15 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path: Path) ->
     ]
     found = layering_violations(root)
     assert len(found) == 2 and all(v.startswith("glcomp/ir/probe.py:") for v in found), found
+
+
+def test_trace_checks_the_model_type_outside_the_tracer() -> None:
+    """The IR tracer knows no Module class; the front-end's glcomp.trace still refuses anything
+    that is not a glcomp.nn.Module, and the reference runtime runs the IR interpreter."""
+    with pytest.raises(glcomp.GlcompError, match=r"expected a glcomp\.nn\.Module, got object"):
+        glcomp.trace(object(), x=(2, 4))
+    model = nn.Sequential(nn.Linear(4, 3), nn.Softmax(1))
+    graph = glcomp.trace(model, x=(2, 4))
+    assert graph.shape(graph.outputs["output"]) == (2, 3)
+    out = glcomp.compile(model, {"x": (2, 4)}).runtime("reference").predict(x=np.ones((2, 4), np.float32))
+    np.testing.assert_allclose(out.sum(1), 1.0, rtol=1e-6)
