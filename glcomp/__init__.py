@@ -11,7 +11,7 @@ from glcomp import (
     onnx,  # ONNX import: the onnx package itself is imported only by glcomp.onnx.load
     optim,
 )
-from glcomp.compiler import compile
+from glcomp.compiler import compile, trace
 from glcomp.errors import GlcompError
 from glcomp.functions import (
     abs,
@@ -59,7 +59,6 @@ from glcomp.functions import (
 )
 from glcomp.ir.graph import Graph
 from glcomp.ir.tensor import MinMax, Tensor, cat, maximum, minimum, stack, where
-from glcomp.ir.trace import trace
 from glcomp.nn.init import manual_seed
 from glcomp.program import Program
 

@@ -1,4 +1,5 @@
-"""`glcomp.compile`: trace a model and build the predict, gradients and train-step graphs."""
+"""`glcomp.compile`: trace a model and build the predict, gradients and train-step graphs;
+`glcomp.trace`: trace a model into one graph."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph, origin
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, maximum
-from glcomp.ir.trace import is_counter, set_outputs, trace_module
+from glcomp.ir.trace import _TRACE, is_counter, set_outputs, trace_module
 from glcomp.nn.functional import RNG_STEP
-from glcomp.nn.module import _TRACE, Module
+from glcomp.nn.module import Module
 from glcomp.optim import Optimizer
 from glcomp.program import InputSpec, Program
 
@@ -148,6 +149,21 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     keep = ["loss"] + [k for k in train.outputs if k.split(":")[0] in ("param", "state", "buffer")]
     graphs["train_step"] = _finish(_only(train, keep))
     return program
+
+
+def trace(model: Module, training: bool = False, **input_shapes: Any) -> Graph:
+    """Trace a model into a Graph whose output ``output`` is the forward's result.
+
+    ``glcomp.trace(model, x=(64, 1, 8, 8))`` traces in eval mode; pass ``training=True`` for
+    train-mode behaviour (batch statistics). The graph is validated before it is returned.
+    """
+    if not isinstance(model, Module):
+        raise GlcompError(f"expected a glcomp.nn.Module, got {type(model).__name__}")
+    graph, _, result = trace_module(model, input_shapes, training)
+    set_outputs(graph, result, type(model).__name__)
+    graph = graph.prune()
+    graph.validate()
+    return graph
 
 
 def _what(value: Any) -> str:

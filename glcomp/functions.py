@@ -55,7 +55,7 @@ def no_grad() -> Iterator[None]:
 
 
 def _graph() -> Any:
-    from glcomp.nn.module import active_trace
+    from glcomp.ir.trace import active_trace
 
     state = active_trace()
     return None if state is None else state.graph

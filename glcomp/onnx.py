@@ -36,8 +36,9 @@ import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.ir.tensor import Tensor, broadcast_to, cat, const, getitem, permute, reshape, slice_axis
+from glcomp.ir.trace import active_trace
 from glcomp.nn import functional as F
-from glcomp.nn.module import Module, Parameter, active_trace
+from glcomp.nn.module import Module, Parameter
 
 __all__ = ["SUPPORTED_OPS", "OnnxModule", "load"]
 

@@ -125,6 +125,7 @@ class Program:
         (numpy; needs the IR graphs) or ``"gl"`` (moderngl; a loaded program runs the bundle it
         was loaded from, without compiling again)."""
         if kind == "reference":
+            from glcomp.ir.interpret import evaluate
             from glcomp.runtime.reference import ReferenceRuntime
 
             if not self.graphs:
@@ -132,7 +133,7 @@ class Program:
                     "this program was loaded from a bundle without IR graphs (no program.json); "
                     "only runtime('gl') can run it"
                 )
-            return ReferenceRuntime(self, **options)
+            return ReferenceRuntime(self, evaluate, **options)
         if kind == "gl":
             from glcomp.runtime.gl import GLRuntime
 

@@ -29,10 +29,10 @@ from hypothesis.extra import numpy as hnp
 
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
+from glcomp.ir.interpret import evaluate
 from glcomp.ir.ops import get_op
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, broadcast_shapes, cat, const
-from glcomp.runtime.reference import evaluate
 
 DOMAINS = ("real", "positive", "nonzero", "labels")
 
@@ -432,7 +432,7 @@ def check_graph_gradients(
 ) -> dict[str, GradientReport]:
     """Check `autodiff(graph, loss_output, wrt)` against central finite differences of the loss.
 
-    Both sides are evaluated in float64 with `glcomp.runtime.reference.evaluate`. For every input
+    Both sides are evaluated in float64 with `glcomp.ir.interpret.evaluate`. For every input
     named in `wrt`, each element (or a random subset of `max_elements`) is perturbed by +-`eps`,
     and the gradient is also checked along `directions` random unit directions. An element passes
     when ``|autodiff - numeric| <= atol + rtol * |numeric|``. The gradient graph must validate.

@@ -15,10 +15,10 @@ import glcomp
 from glcomp import nn
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
+from glcomp.ir.interpret import evaluate
 from glcomp.ir.ops import REGISTRY
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, prim
-from glcomp.runtime.reference import evaluate
 from glcomp.testing import (
     GradientCheckError,
     GraphCase,

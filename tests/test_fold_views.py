@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glcomp.ir.graph import Graph
+from glcomp.ir.interpret import evaluate
 from glcomp.ir.passes import fold_views
-from glcomp.runtime.reference import evaluate
 
 
 @settings(max_examples=40, deadline=None)

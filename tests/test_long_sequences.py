@@ -21,7 +21,7 @@ from glcomp.codegen.split_wide import split_wide
 from glcomp.codegen.target import make_target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
-from glcomp.runtime.reference import evaluate
+from glcomp.ir.interpret import evaluate
 
 RTOL, ATOL = 1e-4, 1e-5
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from glcomp.ir.graph import Graph
+from glcomp.ir.interpret import evaluate
 from glcomp.ir.ops import KINDS, REGISTRY
 from glcomp.ir.passes import autodiff
-from glcomp.runtime.reference import evaluate
 from glcomp.testing import (
     DOMAINS,
     arrays,

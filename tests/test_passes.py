@@ -16,8 +16,8 @@ from hypothesis import given, settings
 import glcomp
 from glcomp import nn, optim
 from glcomp.codegen.bundle import build_bundle
+from glcomp.ir.interpret import evaluate
 from glcomp.ir.passes import transpose_pushdown
-from glcomp.runtime.reference import evaluate
 from glcomp.testing import random_graphs
 
 PASS_SETTINGS = [

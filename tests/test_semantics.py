@@ -18,8 +18,8 @@ import glcomp
 import glcomp.runtime.gl as gl_module
 from glcomp import GlcompError, nn, optim
 from glcomp.cli import main
+from glcomp.ir.interpret import evaluate
 from glcomp.nn import functional as F
-from glcomp.runtime.reference import evaluate
 
 
 class Fn(nn.Module):

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glcomp.ir.graph import Graph
+from glcomp.ir.interpret import evaluate
 from glcomp.ir.passes import split_reductions
 from glcomp.ir.passes.split_reductions import FEW, LONG
-from glcomp.runtime.reference import evaluate
 
 
 def _graph(shape: tuple[int, ...], axes: tuple[int, ...], op: str) -> Graph:

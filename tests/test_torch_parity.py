@@ -15,7 +15,7 @@ import pytest
 
 import glcomp
 from glcomp import nn, optim
-from glcomp.runtime.reference import evaluate
+from glcomp.ir.interpret import evaluate
 
 torch = pytest.importorskip("torch")
 

@@ -1,4 +1,4 @@
-"""The IR: graph, op registry, symbolic tensors, tracing and passes."""
+"""The IR: graph, op registry, symbolic tensors, tracing, passes and the numpy interpreter."""
 
 from glcomp.ir import ops  # noqa: F401  (populates the registry)
 from glcomp.ir.graph import Graph, origin

@@ -210,13 +210,9 @@ class Tensor:
         return where(mask, value, self)
 
     def softmax(self, dim: int) -> Tensor:
-        from glcomp.nn.functional import softmax
-
         return softmax(self, dim)
 
     def log_softmax(self, dim: int) -> Tensor:
-        from glcomp.nn.functional import log_softmax
-
         return log_softmax(self, dim)
 
     def var(
@@ -812,6 +808,23 @@ def clamp(t: Tensor, lo: Any = None, hi: Any = None) -> Tensor:
     if hi is not None:
         out = where(gt(out, hi), hi, out)
     return out
+
+
+def _shifted(x: Tensor, dim: int) -> Tensor:
+    # Subtracting the (gradient-free) max keeps exp() finite; it does not change the result.
+    return x - x.amax(dim, keepdim=True).detach()
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """exp(x) / sum(exp(x)) over `dim`, computed on x minus its (gradient-free) max."""
+    e = _shifted(x, dim).exp()
+    return e / e.sum(dim, keepdim=True)
+
+
+def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """x - log(sum(exp(x))) over `dim`, computed on x minus its (gradient-free) max."""
+    z = _shifted(x, dim)
+    return z - z.exp().sum(dim, keepdim=True).log()
 
 
 def split(t: Tensor, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]:

@@ -1,16 +1,58 @@
-"""Tracing: run a Module's forward on symbolic tensors and record the IR graph."""
+"""Tracing: run a model's forward on symbolic tensors and record the IR graph.
+
+The tracer knows no model classes: it takes any `Traceable` (glcomp.nn.Module is one; its
+callers check the model's type) and binds the model's parameters and buffers through the
+`TraceState` of the running trace, which modules read while they are called.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import inspect
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.tensor import Tensor
-from glcomp.nn.module import _TRACE, Module, TraceState
+
+
+@dataclass
+class TraceState:
+    """What a running trace binds: module paths, symbolic values of parameters and buffers,
+    and the buffer updates (running statistics) that train-mode forwards produce."""
+
+    paths: dict[int, str] = field(default_factory=dict)
+    values: dict[tuple[int, str], Tensor] = field(default_factory=dict)
+    buffer_updates: dict[str, Tensor] = field(default_factory=dict)
+    graph: Any = None  # the graph being built (set by the first module call)
+    random_calls: int = 0  # random ops traced so far: each gets a seed of its own
+
+
+_TRACE: contextvars.ContextVar[TraceState | None] = contextvars.ContextVar("glcomp_trace", default=None)
+
+
+def active_trace() -> TraceState | None:
+    return _TRACE.get()
+
+
+class Traceable(Protocol):
+    """What the tracer needs of a model: its modules by path (each with ``_parameters``, name ->
+    object with ``.data``, and ``_buffers``, name -> array), a train/eval switch, and a call
+    running ``forward`` (whose signature names the inputs)."""
+
+    training: bool
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Any]]: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 def is_counter(value: np.ndarray) -> bool:
@@ -18,7 +60,7 @@ def is_counter(value: np.ndarray) -> bool:
     return np.issubdtype(np.asarray(value).dtype, np.integer)
 
 
-def check_input_names(model: Module, shapes: dict[str, Any]) -> None:
+def check_input_names(model: Traceable, shapes: dict[str, Any]) -> None:
     params = inspect.signature(model.forward).parameters
     names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
@@ -46,7 +88,7 @@ def _shape(name: str, value: Any) -> tuple[int, ...]:
 
 
 def trace_module(
-    model: Module,
+    model: Traceable,
     input_shapes: dict[str, Any],
     training: bool = False,
     targets: dict[str, tuple[tuple[int, ...], str]] | None = None,
@@ -57,9 +99,8 @@ def trace_module(
     float buffer as role ``buffer``), the trace state (with any running-statistics updates) and
     the forward's raw result (Tensors in the graph). `targets` (name -> (shape, dtype)) are
     further forward() arguments bound to inputs of role ``target`` (a loss computed in forward).
+    The caller checks that `model` is a model (a glcomp.nn.Module).
     """
-    if not isinstance(model, Module):
-        raise GlcompError(f"expected a glcomp.nn.Module, got {type(model).__name__}")
     check_input_names(model, {**input_shapes, **(targets or {})})
     graph = Graph()
     state = TraceState()
@@ -88,19 +129,6 @@ def trace_module(
     finally:
         model.train(was_training)
     return graph, state, result
-
-
-def trace(model: Module, training: bool = False, **input_shapes: Any) -> Graph:
-    """Trace a model into a Graph whose output ``output`` is the forward's result.
-
-    ``glcomp.trace(model, x=(64, 1, 8, 8))`` traces in eval mode; pass ``training=True`` for
-    train-mode behaviour (batch statistics). The graph is validated before it is returned.
-    """
-    graph, _, result = trace_module(model, input_shapes, training)
-    set_outputs(graph, result, type(model).__name__)
-    graph = graph.prune()
-    graph.validate()
-    return graph
 
 
 def set_outputs(graph: Graph, result: Any, owner: str) -> None:

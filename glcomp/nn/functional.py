@@ -14,12 +14,14 @@ from glcomp.ir.tensor import (
     const,
     ge,
     gt,
+    log_softmax,
     lt,
     maximum,
     minimum,
     one_hot,
     prim,
     reshape,
+    softmax,
     unary,
     where,
 )
@@ -56,21 +58,6 @@ def exp(x: Tensor) -> Tensor:
 
 def log(x: Tensor) -> Tensor:
     return unary("log", x)
-
-
-def _shifted(x: Tensor, dim: int) -> Tensor:
-    # Subtracting the (gradient-free) max keeps exp() finite; it does not change the result.
-    return x - x.amax(dim, keepdim=True).detach()
-
-
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    e = _shifted(x, dim).exp()
-    return e / e.sum(dim, keepdim=True)
-
-
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    z = _shifted(x, dim)
-    return z - z.exp().sum(dim, keepdim=True).log()
 
 
 def _reduce(loss: Tensor, reduction: str) -> Tensor:
@@ -404,8 +391,8 @@ def rand(graph: Any, shape: tuple[int, ...]) -> Tensor:
     """Uniform values in [0, 1) of `shape`: a counter-based hash of (element, the step counter
     ``rng.step``, a seed per random call of the trace). The same on both runtimes, the same for
     the same step, new in each train step. The seeds follow glcomp.manual_seed."""
+    from glcomp.ir.trace import active_trace
     from glcomp.nn.init import current_seed
-    from glcomp.nn.module import active_trace
 
     state = active_trace()
     if state is None:

@@ -10,9 +10,10 @@ import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.ir.tensor import Tensor, _fail
+from glcomp.ir.trace import active_trace
 from glcomp.nn import functional as F
 from glcomp.nn.init import fan_in_bound, uniform
-from glcomp.nn.module import Module, Parameter, active_trace
+from glcomp.nn.module import Module, Parameter
 from glcomp.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell  # noqa: F401 - their home
 
 

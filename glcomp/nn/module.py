@@ -7,9 +7,7 @@ path and class as the origin of the nodes it creates (e.g. ``features.0 (Conv2d)
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,6 +15,8 @@ import numpy as np
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import origin
 from glcomp.ir.tensor import Tensor
+from glcomp.ir.trace import _TRACE
+from glcomp.state import check_state
 
 
 class Parameter:
@@ -51,25 +51,6 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.shape}, requires_grad={self.requires_grad})"
-
-
-@dataclass
-class TraceState:
-    """What a running trace binds: module paths, symbolic values of parameters and buffers,
-    and the buffer updates (running statistics) that train-mode forwards produce."""
-
-    paths: dict[int, str] = field(default_factory=dict)
-    values: dict[tuple[int, str], Tensor] = field(default_factory=dict)
-    buffer_updates: dict[str, Tensor] = field(default_factory=dict)
-    graph: Any = None  # the graph being built (set by the first module call)
-    random_calls: int = 0  # random ops traced so far: each gets a seed of its own
-
-
-_TRACE: contextvars.ContextVar[TraceState | None] = contextvars.ContextVar("glcomp_trace", default=None)
-
-
-def active_trace() -> TraceState | None:
-    return _TRACE.get()
 
 
 class Module:
@@ -253,26 +234,3 @@ def _slot_shape(target: tuple[str, Module, str]) -> tuple[int, ...]:
     kind, module, name = target
     store = module._parameters if kind == "param" else module._buffers
     return tuple(np.shape(store[name].data if kind == "param" else store[name]))
-
-
-def check_state(
-    state: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]], owner: str, strict: bool = True
-) -> None:
-    """Raise GlcompError naming every missing, unexpected or wrongly shaped entry."""
-    problems = []
-    if strict:
-        missing = [k for k in expected if k not in state]
-        extra = [k for k in state if k not in expected]
-        if missing:
-            problems.append(f"missing keys {missing}")
-        if extra:
-            problems.append(f"unexpected keys {extra}")
-    for key, shape in expected.items():
-        if key in state:
-            given = tuple(np.shape(state[key]))
-            if given != tuple(shape) and not (np.prod(given) == np.prod(shape) == 1):
-                problems.append(f"{key!r} expected shape {tuple(shape)} but got {given}")
-            elif not np.all(np.isfinite(np.asarray(state[key], dtype=np.float64))):
-                problems.append(f"{key!r} holds NaN or infinite values")
-    if problems:
-        raise GlcompError(f"load_state_dict into {owner}: " + "; ".join(problems) + " (nothing was loaded)")

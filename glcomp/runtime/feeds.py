@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from glcomp.errors import GlcompError
+from glcomp.state import check_state
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -69,8 +70,6 @@ def check_lr(lr: Any) -> float:
 def check_optimizer_option(optimizer: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
     """Check `load_state_dict`'s ``optimizer`` argument: None, "reset", or an optimizer state
     with every key of `shapes` (the right shapes, finite values)."""
-    from glcomp.nn.module import check_state
-
     if optimizer is None or (isinstance(optimizer, str) and optimizer == "reset"):
         return
     if isinstance(optimizer, Mapping):

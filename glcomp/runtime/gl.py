@@ -594,7 +594,7 @@ class GLRuntime:
         ``optimizer``: None keeps the optimizer state as it is, ``"reset"`` zeroes it (as
         `reset_optimizer`), a dict from `optimizer_state()` restores it. Everything is checked
         before anything is loaded."""
-        from glcomp.nn.module import check_state
+        from glcomp.state import check_state
 
         shapes = self._state_shapes(("param", "buffer")) | {k: () for k in self.counters}
         check_state(state, shapes, "runtime")

@@ -1,52 +1,36 @@
-"""The numpy reference runtime: an interpreter of the IR using each op's `reference` rule.
+"""The numpy reference runtime: runs a program's IR graphs with the numpy interpreter.
 
-It is the test oracle and the CPU fallback, so it is deliberately plain: evaluate the graph in
-topological order, then copy updated parameters, buffers and optimizer state back.
+It is the test oracle and the CPU fallback, so it is deliberately plain: evaluate the entry's
+graph (with the interpreter the program passes in, `glcomp.ir.interpret.evaluate`; a runtime
+knows no IR), then copy updated parameters, buffers and optimizer state back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from glcomp.errors import GlcompError
-from glcomp.ir.graph import Graph
-from glcomp.ir.ops import get_op
-from glcomp.nn.module import check_state
-from glcomp.program import Program
 from glcomp.runtime.feeds import check_lr, check_optimizer_option, check_read_loss, refuse_positional
+from glcomp.state import check_state
 
-
-def evaluate(graph: Graph, feeds: dict[str, np.ndarray], dtype: Any = np.float32) -> dict[str, np.ndarray]:
-    """Evaluate every output of `graph`; `feeds` maps input names to arrays."""
-    values: dict[int, np.ndarray] = {}
-    for n in graph.topo():
-        node = graph.node(n)
-        op, attrs = node["op"], node["attrs"]
-        if op == "input":
-            name = attrs["name"]
-            if name not in feeds:
-                raise GlcompError(f"no value fed for graph input {name!r}")
-            values[n] = np.asarray(feeds[name], dtype=dtype)
-        elif op == "const":
-            values[n] = np.asarray(attrs["value"], dtype=dtype)
-        else:
-            args = [values[o] for o in graph.operands(n)]
-            values[n] = np.asarray(get_op(op).reference(*args, **attrs), dtype=dtype)
-    return {name: values[n] for name, n in graph.outputs.items()}
+# The IR interpreter: (graph, feeds by input name, dtype) -> outputs by name.
+Evaluate = Callable[[Any, dict[str, Any], Any], dict[str, np.ndarray]]
 
 
 class ReferenceRuntime:
     """Runs a Program in numpy. float32 by default; ``dtype=np.float64`` for gradient checks.
 
     The same interface and checks as the GL runtime, including `release()` and ``with``: a
-    released runtime raises GlcompError when used.
+    released runtime raises GlcompError when used. Built by ``program.runtime("reference")``:
+    `program` is a `glcomp.Program` and `evaluate` the IR interpreter that runs its graphs.
     """
 
-    def __init__(self, program: Program, dtype: Any = np.float32) -> None:
+    def __init__(self, program: Any, evaluate: Evaluate, dtype: Any = np.float32) -> None:
         self.program = program
+        self._evaluate = evaluate
         self.dtype = np.dtype(dtype)
         self.params = {k: v.astype(self.dtype) for k, v in program.params.items()}
         self.buffers = {k: v.astype(self.dtype) for k, v in program.buffers.items()}
@@ -68,7 +52,7 @@ class ReferenceRuntime:
         feeds: dict[str, Any] = dict(self.program.feeds(entry, inputs))
         feeds |= self.params | self.buffers | self.opt_state
         feeds["lr"] = self.lr
-        return evaluate(self.program.graphs[entry], feeds, self.dtype)
+        return self._evaluate(self.program.graphs[entry], feeds, self.dtype)
 
     def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
         refuse_positional("predict", args, self._input_names("predict"))
