@@ -75,6 +75,18 @@ def test_allowed_names_are_still_needed():
         assert name in names, f"{module} no longer names {name!r} ({why}): drop it from ALLOWED"
 
 
+def test_ir_does_not_import_codegen():
+    """The ops' kernel hooks take the renderer as a plain `Emitter`: the IR stands alone."""
+    found = []
+    for path in sorted((CODEGEN.parent / "ir").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            found += [f"{path.name}: {m}" for m in names if m.startswith("glcomp.codegen")]
+    assert not found
+
+
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_op_facts_are_consistent(name: str):
     rule: Op = REGISTRY[name]
