@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from glcomp.codegen.layout import Layout
 from glcomp.codegen.plan import Kernel
 from glcomp.ir.graph import Graph
+from glcomp.ir.ops import get_op
 
 
 @dataclass
@@ -45,7 +46,7 @@ def blend_accumulation(
             continue
         total = k.roots[0]
         tree = [*k.body, total]
-        if any(graph.op(n) != "add" for n in tree) or len(k.leaves) < 2:
+        if not all(get_op(graph.op(n)).blend_add for n in tree) or len(k.leaves) < 2:
             continue
         uses = Counter(src for n in tree for src in graph.operands(n))
         terms = list(k.leaves)

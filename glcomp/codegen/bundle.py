@@ -26,8 +26,9 @@ from glcomp.codegen.split_wide import split_wide
 from glcomp.codegen.target import Target, make_target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
+from glcomp.ir.ops import get_op
 from glcomp.ir.passes import fold_views, split_reductions, transpose_pushdown
-from glcomp.ir.tensor import Tensor, unary
+from glcomp.ir.tensor import Tensor
 from glcomp.program import ENTRY_POINTS, Program
 
 FORMAT = "glcomp-bundle"
@@ -91,8 +92,8 @@ def _isolate_state_outputs(graph: Graph) -> Graph:
     seen: set[int] = set()
     for key in _state_outputs(g):
         n = g.outputs[key]
-        if g.op(n) == "input" or n in seen:
-            g.outputs[key] = unary("stop_gradient", Tensor(g, n)).node
+        if get_op(g.op(n)).feed or n in seen:
+            g.outputs[key] = Tensor(g, n).detach().node
         seen.add(g.outputs[key])
     return g
 

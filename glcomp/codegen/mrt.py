@@ -22,7 +22,7 @@ LOOKBACK = 8  # how many earlier draws a kernel may join
 
 
 def _fusible_root(graph: Graph, n: int) -> bool:
-    return get_op(graph.op(n)).kind in FUSIBLE or graph.op(n) == "const"
+    return get_op(graph.op(n)).kind in (*FUSIBLE, "source")
 
 
 def mrt_fusion(
@@ -76,7 +76,7 @@ DRAW_COST = 20_000
 def root_cost(graph: Graph, n: int) -> int:
     """Shader work per output element of root `n`: its loop length (1 for elementwise roots),
     from the renderer's loop model, the one the loop budget uses too."""
-    if _fusible_root(graph, n) or get_op(graph.op(n)).kind == "source":
+    if _fusible_root(graph, n):
         return 1
     return max(1, fragment_iterations(graph, [n], set(graph.operands(n)), 1 << 30) // 4)
 

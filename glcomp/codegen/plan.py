@@ -16,8 +16,20 @@ from glcomp.codegen.target import Target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
+from glcomp.ir.ops.registry import LOOP_KINDS
 
 FUSIBLE = ("elementwise", "movement", "index")
+
+
+def _fed(graph: Graph, n: int) -> bool:
+    """A graph input: a texture or uniform the runtime feeds."""
+    return get_op(graph.op(n)).feed
+
+
+def _constant(graph: Graph, n: int) -> bool:
+    """A source written into the shader: never stored, never sampled."""
+    rule = get_op(graph.op(n))
+    return rule.kind == "source" and not rule.feed
 
 
 @dataclass
@@ -49,19 +61,19 @@ def _readers_through_views(graph: Graph, n: int, memo: dict[int, int]) -> int:
 
 
 CHEAP_OPS = 2  # fused ops a matmul/conv operand may recompute per read
-_COSTLY = {"exp", "log", "tanh", "sigmoid", "sqrt", "div"}
 
 
 def _recompute_cost(graph: Graph, n: int, stored: set[int]) -> int:
-    """Roughly how many ops recomputing fused node `n` costs (transcendentals count double)."""
+    """Roughly how many ops recomputing fused node `n` costs (the ops' `cost`: transcendentals
+    count double, movement nothing)."""
     cost, seen, stack = 0, set(), [n]
     while stack:
         m = stack.pop()
-        if m in seen or m in stored or graph.op(m) in ("const", "input"):
+        rule = get_op(graph.op(m))
+        if m in seen or m in stored or rule.kind == "source":
             continue
         seen.add(m)
-        if get_op(graph.op(m)).kind != "movement":
-            cost += 2 if graph.op(m) in _COSTLY else 1
+        cost += rule.cost
         stack.extend(graph.operands(m))
     return cost
 
@@ -75,22 +87,22 @@ def materialized(graph: Graph, fusion: bool = True) -> set[int]:
         return {
             n
             for n in graph.nodes()
-            if graph.op(n) != "const" and not (graph.op(n) == "input" and graph.attrs(n)["role"] == "hyper")
+            if not _constant(graph, n) and not (_fed(graph, n) and graph.attrs(n)["role"] == "hyper")
         }
     memo: dict[int, int] = {}
     outputs = set(graph.outputs.values())
     for n in graph.topo():
         kind = get_op(graph.op(n)).kind
-        if n in outputs or (graph.op(n) == "input" and graph.attrs(n)["role"] != "hyper"):
+        if n in outputs or (_fed(graph, n) and graph.attrs(n)["role"] != "hyper"):
             stored.add(n)
-        elif kind in ("reduce", "matmul", "conv", "pool"):
+        elif kind in LOOP_KINDS:
             stored.add(n)
         elif kind in ("elementwise", "index") and _readers_through_views(graph, n, memo) > 1:
             stored.add(n)
     # A matmul or convolution reads each operand element many times; a fused operand would be
     # recomputed at every read, so store operands that are more than a cheap op or two.
     for n in graph.topo():
-        if get_op(graph.op(n)).kind in ("matmul", "conv"):
+        if get_op(graph.op(n)).rereads:
             for src in graph.operands(n):
                 while get_op(graph.op(src)).kind == "movement" and src not in stored:
                     (src,) = graph.operands(src)[:1]
@@ -108,7 +120,7 @@ def _epilogue_reader(graph: Graph, n: int, stored: set[int]) -> int | None:
             return None
         (user,) = users
         rule = get_op(graph.op(user))
-        if rule.kind not in ("elementwise", "movement") or graph.op(user) == "expand":
+        if rule.kind not in ("elementwise", "movement") or rule.broadcast:
             return None  # a broadcast would recompute the loop once per copy
         if user in stored:
             return user
@@ -122,7 +134,7 @@ def _fuse_epilogues(graph: Graph, stored: set[int]) -> None:
     outputs = set(graph.outputs.values())
     taken: set[int] = set()
     for n in graph.topo():
-        loop = get_op(graph.op(n)).kind in ("matmul", "conv", "reduce", "pool")
+        loop = get_op(graph.op(n)).kind in LOOP_KINDS
         if loop and n in stored and n not in outputs:
             reader = _epilogue_reader(graph, n, stored)
             # One loop per epilogue kernel: several (a sum of per-step products) make a shader
@@ -142,7 +154,7 @@ def _fused_region(
     stack = list(index.operands[root])
     while stack:
         n = stack.pop()
-        if n in stored or graph.op(n) == "input":  # hyper-parameters are uniforms, still leaves
+        if n in stored or _fed(graph, n):  # hyper-parameters are uniforms, still leaves
             leaves.add(n)
         elif n not in body:
             body.add(n)
@@ -165,7 +177,7 @@ def _leaf_sets(graph: Graph, body: list[int], stored: set[int], index: _Index) -
     for b in body:
         own: set[int] = set()
         for o in index.operands[b]:
-            if o in stored or graph.op(o) == "input":
+            if o in stored or _fed(graph, o):
                 own.add(o)
             else:
                 own |= sets[o]
@@ -199,11 +211,11 @@ def plan_kernels(
     while changed:  # storing one more value can only reduce sampler pressure elsewhere
         changed = False
         for n in index.topo:
-            if n not in stored or graph.op(n) == "input":
+            if n not in stored or _fed(graph, n):
                 continue
             body, leaves = _fused_region(graph, n, stored, index)
             while _samplers(graph, leaves, pages) > limit:
-                candidates = [b for b in body if graph.op(b) != "const"]
+                candidates = [b for b in body if not _constant(graph, b)]
                 if not candidates:
                     raise GlcompError(
                         f"{graph.node(n)['origin']}: kernel for %{n} reads "
@@ -220,7 +232,7 @@ def plan_kernels(
                 changed = True
                 body, leaves = _fused_region(graph, n, stored, index)
     for n in index.topo:
-        if n not in stored or graph.op(n) == "input":
+        if n not in stored or _fed(graph, n):
             continue
         body, leaves = _fused_region(graph, n, stored, index)
         rule = get_op(graph.op(n))

@@ -25,6 +25,7 @@ from glcomp.codegen.layout import layout_for
 from glcomp.codegen.target import Target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph, origin
+from glcomp.ir.ops import get_op
 
 
 def _replace(graph: Graph, old: int, new: int) -> None:
@@ -50,7 +51,8 @@ class _Pages:
     def __call__(self, n: int) -> int:
         if n not in self.memo:
             g = self.graph
-            free = g.op(n) == "const" or (g.op(n) == "input" and g.attrs(n)["role"] == "hyper")
+            rule = get_op(g.op(n))
+            free = rule.kind == "source" and (not rule.feed or g.attrs(n)["role"] == "hyper")
             self.memo[n] = 0 if free else layout_for(g.shape(n), self.size).pages
         return self.memo[n]
 

@@ -1,7 +1,8 @@
 """Elementwise primitives: operands of one shape (the tracer inserts `expand` to broadcast).
 
 Each op's `glsl` is one expression over the operand values a, b; helpers such as glc_tanh come
-from the shared shader prelude.
+from the shared shader prelude. Transcendentals and division cost 2 (simple ops 1) when the
+planner weighs recomputing a fused operand.
 """
 
 from __future__ import annotations
@@ -40,15 +41,16 @@ def _step(x):
 
 # -- unary ---------------------------------------------------------------------------------------
 _unary("neg", np.negative, lambda g, out, a: (-g,), "-a")
-_unary("exp", np.exp, lambda g, out, a: (g * out,), "exp(a)")
-_unary("log", np.log, lambda g, out, a: (g / a,), "log(a)", domain="positive")
-_unary("sqrt", np.sqrt, lambda g, out, a: (g * 0.5 / out,), "sqrt(a)", domain="positive")
-_unary("tanh", np.tanh, lambda g, out, a: (g * (1.0 - out * out),), "glc_tanh(a)")
+_unary("exp", np.exp, lambda g, out, a: (g * out,), "exp(a)", cost=2)
+_unary("log", np.log, lambda g, out, a: (g / a,), "log(a)", domain="positive", cost=2)
+_unary("sqrt", np.sqrt, lambda g, out, a: (g * 0.5 / out,), "sqrt(a)", domain="positive", cost=2)
+_unary("tanh", np.tanh, lambda g, out, a: (g * (1.0 - out * out),), "glc_tanh(a)", cost=2)
 _unary(
     "sigmoid",
     lambda a: 1.0 / (1.0 + np.exp(-a)),
     lambda g, out, a: (g * out * (1.0 - out),),
     "1.0 / (1.0 + exp(-a))",
+    cost=2,
 )
 _unary(
     "relu",
@@ -62,10 +64,10 @@ _unary("step", _step, lambda g, out, a: (None,), "(a > 0.0 ? 1.0 : 0.0)", smooth
 _unary("stop_gradient", lambda a: a.copy(), lambda g, out, a: (None,), "a")
 
 # -- binary --------------------------------------------------------------------------------------
-_binary("add", np.add, lambda g, out, a, b: (g, g), "a + b")
+_binary("add", np.add, lambda g, out, a, b: (g, g), "a + b", blend_add=True)
 _binary("sub", np.subtract, lambda g, out, a, b: (g, -g), "a - b")
 _binary("mul", np.multiply, lambda g, out, a, b: (g * b, g * a), "a * b")
-_binary("div", np.divide, lambda g, out, a, b: (g / b, -g * out / b), "a / b", domain="nonzero")
+_binary("div", np.divide, lambda g, out, a, b: (g / b, -g * out / b), "a / b", domain="nonzero", cost=2)
 
 
 def _maximum_grad(g, out, a, b):

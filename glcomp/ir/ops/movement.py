@@ -1,5 +1,6 @@
 """Movement primitives: they only rearrange elements. The code generator folds them into the
-addressing of the kernel that reads them, so most cost no draw call."""
+addressing of the kernel that reads them, so most cost no draw call: each op's `emit` hook
+writes the GLSL that maps an output index to the operand index it reads."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.ir.ops._samples import dims, st
-from glcomp.ir.ops.registry import Op, register
+from glcomp.ir.ops.glsl import flat, strides
+from glcomp.ir.ops.registry import Emitter, Op, register
 
 
 def _t():
@@ -32,6 +34,20 @@ def sample_reshape(draw):
     return [shape], {"shape": (math.prod(shape),) if len(flat) < 2 else tuple(flat)}
 
 
+def reshape_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
+    """The flat index of the output element, unflattened in the operand's shape."""
+    g = r.graph
+    src = g.operands(n)[0]
+    src_shape = g.shape(src)
+    lines = [f"int f = {flat(args, g.shape(n))};"]
+    src_args = []
+    for k, (step, s) in enumerate(zip(strides(src_shape), src_shape)):
+        expr = "f" if step == 1 else f"f / {step}"
+        src_args.append("0" if s == 1 else (expr if k == 0 else f"imod({expr}, {s})"))
+    lines.append(f"return {r.call(src, src_args)};")
+    return lines
+
+
 register(
     Op(
         "reshape",
@@ -41,6 +57,9 @@ register(
         lambda g, out, a, shape: (_t().reshape(g, a.shape),),
         sample=sample_reshape,
         attrs=("shape",),
+        cost=0,
+        emit=reshape_emit,
+        view=lambda attrs: "flat",
     )
 )
 
@@ -58,6 +77,13 @@ def sample_permute(draw):
     return [shape], {"perm": tuple(perm)}
 
 
+def permute_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
+    src_args = [""] * len(args)
+    for k, p in enumerate(r.graph.attrs(n)["perm"]):
+        src_args[p] = args[k]
+    return [f"return {r.call(r.graph.operands(n)[0], src_args)};"]
+
+
 register(
     Op(
         "permute",
@@ -67,6 +93,9 @@ register(
         lambda g, out, a, perm: (_t().permute(g, tuple(np.argsort(perm).tolist())),),
         sample=sample_permute,
         attrs=("perm",),
+        cost=0,
+        emit=permute_emit,
+        view=lambda attrs: "transpose" if tuple(attrs["perm"]) == (1, 0) else None,
     )
 )
 
@@ -90,6 +119,12 @@ def _expand_grad(g, out, a, shape):
     return (_t().prim("sum", g, axes=axes) if axes else g,)
 
 
+def expand_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
+    src = r.graph.operands(n)[0]
+    src_args = ["0" if s == 1 else a for a, s in zip(args, r.graph.shape(src))]
+    return [f"return {r.call(src, src_args)};"]
+
+
 register(
     Op(
         "expand",
@@ -99,6 +134,9 @@ register(
         _expand_grad,
         sample=sample_expand,
         attrs=("shape",),
+        cost=0,
+        emit=expand_emit,
+        broadcast=True,
     )
 )
 
@@ -150,6 +188,27 @@ def _pad_grad(g, out, a, before, after):
     return (_t().prim("slice", g, starts=before, stops=stops),)
 
 
+def slice_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
+    src_args = [f"({a} + {lo})" if lo else a for a, lo in zip(args, r.graph.attrs(n)["starts"])]
+    return [f"return {r.call(r.graph.operands(n)[0], src_args)};"]
+
+
+def pad_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
+    g = r.graph
+    attrs, src = g.attrs(n), g.operands(n)[0]
+    conds, src_args = [], []
+    for a, lo, hi, size in zip(args, attrs["before"], attrs["after"], g.shape(src)):
+        if lo:
+            conds.append(f"{a} >= {lo}")
+        if lo or hi:
+            conds.append(f"{a} < {lo + size}")
+        shifted = f"{a} - {lo}" if lo else a
+        src_args.append(f"iclamp({shifted}, 0, {size - 1})" if lo or hi else a)
+    cond = " && ".join(conds) or "true"
+    # Read at a clamped index, then select: no texture read inside a branch.
+    return [f"float x = {r.call(src, src_args)};", f"return ({cond}) ? x : 0.0;"]
+
+
 register(
     Op(
         "slice",
@@ -159,6 +218,8 @@ register(
         _slice_grad,
         sample=sample_slice,
         attrs=("starts", "stops"),
+        cost=0,
+        emit=slice_emit,
     )
 )
 register(
@@ -170,6 +231,8 @@ register(
         _pad_grad,
         sample=sample_pad,
         attrs=("before", "after"),
+        cost=0,
+        emit=pad_emit,
     )
 )
 
@@ -203,6 +266,37 @@ def _concat_grad(g, out, *inputs, axis):
     return tuple(grads)
 
 
+def concat_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
+    """Each operand read at the index shifted to its own range along the axis: a branch per
+    operand, or on GLSL ES 1.00 (texture2D must not run under a divergent branch) every operand
+    read at a clamped index and the result selected."""
+    g = r.graph
+    ins = g.operands(n)
+    axis, at, lines = g.attrs(n)["axis"], 0, []
+    branchless = r.webgl1
+    for k, src in enumerate(ins):
+        size = g.shape(src)[axis]
+        pos = f"{args[axis]} - {at}" if at else args[axis]
+        if branchless:
+            pos = f"iclamp({pos}, 0, {size - 1})"
+        src_args = [pos if i == axis else a for i, a in enumerate(args)]
+        value = r.call(src, src_args)
+        last = k == len(ins) - 1
+        if branchless:
+            lines.append(f"float x{k} = {value};")
+        else:
+            ret = f"return {value};"
+            lines.append(ret if last else f"if ({args[axis]} < {at + size}) {ret}")
+        at += size
+    if branchless:
+        expr, at = f"x{len(ins) - 1}", sum(g.shape(i)[axis] for i in ins)
+        for k in reversed(range(len(ins) - 1)):
+            at -= g.shape(ins[k + 1])[axis]
+            expr = f"({args[axis]} < {at} ? x{k} : {expr})"
+        lines.append(f"return {expr};")
+    return lines
+
+
 register(
     Op(
         "concat",
@@ -213,5 +307,7 @@ register(
         arity=None,
         sample=sample_concat,
         attrs=("axis",),
+        cost=0,
+        emit=concat_emit,
     )
 )

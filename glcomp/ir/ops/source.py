@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from glcomp.ir.ops.registry import Op, register
+from glcomp.ir.ops.glsl import glsl_float
+from glcomp.ir.ops.registry import Emitter, Op, register
+
+
+def _const_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
+    return [f"return {glsl_float(r.graph.attrs(n)['value'])};"]
+
 
 register(
     Op(
@@ -15,6 +21,8 @@ register(
         None,
         0,
         attrs=("shape", "name", "role"),
+        cost=0,
+        feed=True,
     )
 )
 register(
@@ -26,5 +34,7 @@ register(
         None,
         0,
         attrs=("value",),
+        cost=0,
+        emit=_const_emit,
     )
 )
