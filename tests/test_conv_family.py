@@ -85,6 +85,7 @@ OPTIMIZERS = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
 @pytest.mark.parametrize("which", ["sgd", "adam"])
 def test_family_trains_like_torch(which: str, dialect: str, gl_runtime: Any) -> None:
     tmodel, gmodel = pair(family)

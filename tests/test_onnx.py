@@ -400,6 +400,50 @@ def test_conv_transpose_asymmetric_pads_and_output_shape(tmp_path: Path, attrs: 
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(("op", "direction"), [("LSTM", "reverse"), ("GRU", "bidirectional")])
+def test_recurrent_node_layout_direction_and_states(tmp_path: Path, op: str, direction: str) -> None:
+    """Batch-first layout, reverse and bidirectional directions and initial states (initializers,
+    hence parameters), checked against onnx's reference evaluator on every output."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(6)
+    dirs, gates, hidden, (n, steps, width) = (
+        1 + (direction == "bidirectional"),
+        4 if op == "LSTM" else 3,
+        3,
+        (2, 4, 2),
+    )
+    inits = {
+        "W": rng.normal(size=(dirs, gates * hidden, width)),
+        "R": rng.normal(size=(dirs, gates * hidden, hidden)) * 0.5,
+        "B": rng.normal(size=(dirs, 2 * gates * hidden)),
+        "h0": rng.normal(size=(n, dirs, hidden)),  # layout 1: batch first
+    }
+    if op == "LSTM":
+        inits["c0"] = rng.normal(size=(n, dirs, hidden))
+    inputs = ["x", "W", "R", "B", "", "h0"] + (["c0"] if op == "LSTM" else [])
+    outputs = ["y", "y_h"] + (["y_c"] if op == "LSTM" else [])
+    extra = {"linear_before_reset": 1} if op == "GRU" else {}
+    node = helper.make_node(
+        op, inputs, outputs, name="rnn", hidden_size=hidden, direction=direction, layout=1, **extra
+    )
+    shapes = {"y": [n, steps, dirs, hidden], "y_h": [n, dirs, hidden], "y_c": [n, dirs, hidden]}
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, steps, width])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, shapes[o]) for o in outputs],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(size=(n, steps, width)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    module = glcomp.onnx.load(_save(model, tmp_path / "rnn.onnx"))
+    assert set(module.state_dict()) == set(inits)
+    got = glcomp.compile(module, {"x": x.shape}).runtime("reference").predict(x=x)
+    for i, name in enumerate(outputs):
+        np.testing.assert_allclose(got[f"output.{i}"], want[i], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_lstm_gru_nodes(tmp_path: Path) -> None:
     tmodel = Recurrent()
     path = export(tmodel, (2, 3, 3), tmp_path / "rnn.onnx")
