@@ -17,6 +17,9 @@ The module trains like any other (``glcomp.compile(model, {"x": shape}, loss, op
   statistics as torch does (momentum average with ONNX's ``momentum`` attribute, i.e. 1 - torch's
   momentum, unbiased variance); in eval mode (``predict``) it uses the running statistics.
   Dropout is the identity in eval mode and drops in train mode (glcomp's dropout masks).
+- LSTM and GRU nodes unroll over time like ``glcomp.nn.LSTM`` / ``GRU``; their W, R and B
+  initializers stay parameters in ONNX layout (gate blocks i o f c and z r h), regrouped into
+  torch's gate order by slices inside the traced graph.
 
 The ``onnx`` package is optional (``pip install glcomp[onnx]``): importing glcomp never imports it;
 `load` imports it and raises GlcompError when it is missing. The file is checked with
@@ -539,11 +542,11 @@ def _spatial_checks(node: _Node, x: Tensor, dilated: bool = False) -> None:
 
 
 def _conv_attrs(node: _Node) -> tuple[tuple[int, int], tuple[int, int], int]:
-    stride = tuple(int(s) for s in node.attr("strides", [1, 1]))
-    dilation = tuple(int(d) for d in node.attr("dilations", [1, 1]))
-    if len(stride) != 2 or len(dilation) != 2:
-        raise node.fail(f"only 2-D convolutions are supported (strides {stride}, dilations {dilation})")
-    return stride, dilation, int(node.attr("group", 1))  # type: ignore[return-value]
+    strides = [int(s) for s in node.attr("strides", [1, 1])]
+    dilations = [int(d) for d in node.attr("dilations", [1, 1])]
+    if len(strides) != 2 or len(dilations) != 2:
+        raise node.fail(f"only 2-D convolutions are supported (strides {strides}, dilations {dilations})")
+    return (strides[0], strides[1]), (dilations[0], dilations[1]), int(node.attr("group", 1))
 
 
 @_op("Conv")
