@@ -17,6 +17,9 @@ The module trains like any other (``glcomp.compile(model, {"x": shape}, loss, op
   statistics as torch does (momentum average with ONNX's ``momentum`` attribute, i.e. 1 - torch's
   momentum, unbiased variance); in eval mode (``predict``) it uses the running statistics.
   Dropout is the identity in eval mode and drops in train mode (glcomp's dropout masks).
+- LSTM and GRU nodes unroll over time like ``glcomp.nn.LSTM`` / ``GRU``; their W, R and B
+  initializers stay parameters in ONNX layout (gate blocks i o f c and z r h), regrouped into
+  torch's gate order by slices inside the traced graph.
 
 The ``onnx`` package is optional (``pip install glcomp[onnx]``): importing glcomp never imports it;
 `load` imports it and raises GlcompError when it is missing. The file is checked with
@@ -63,6 +66,10 @@ _STATIC_INPUTS: dict[str, frozenset[int]] = {
     "ConstantOfShape": frozenset({0}),
     "Clip": frozenset({1, 2}),
     "Shape": frozenset({0}),
+    "Resize": frozenset({1, 2, 3}),
+    "Upsample": frozenset({1}),
+    "LSTM": frozenset({4}),
+    "GRU": frozenset({4}),
 }
 _BATCHNORM_STATS = frozenset({3, 4})
 
@@ -528,27 +535,78 @@ def _pads_2d(node: _Node, x: Tensor) -> tuple[tuple[int, int], tuple[int, int] |
     return (0, 0), (pads[0], pads[2], pads[1], pads[3])
 
 
-def _spatial_checks(node: _Node, x: Tensor) -> None:
+def _spatial_checks(node: _Node, x: Tensor, dilated: bool = False) -> None:
     if x.ndim != 4:
         raise node.fail(f"only 2-D spatial inputs (N, C, H, W) are supported, got {x.shape}")
-    if any(int(d) != 1 for d in node.attr("dilations", [1, 1])):
+    if not dilated and any(int(d) != 1 for d in node.attr("dilations", [1, 1])):
         raise node.fail(f"dilations {node.attr('dilations')} are not supported")
+
+
+def _conv_attrs(node: _Node) -> tuple[tuple[int, int], tuple[int, int], int]:
+    strides = [int(s) for s in node.attr("strides", [1, 1])]
+    dilations = [int(d) for d in node.attr("dilations", [1, 1])]
+    if len(strides) != 2 or len(dilations) != 2:
+        raise node.fail(f"only 2-D convolutions are supported (strides {strides}, dilations {dilations})")
+    return (strides[0], strides[1]), (dilations[0], dilations[1]), int(node.attr("group", 1))
 
 
 @_op("Conv")
 def _conv(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     t = _need_tensor(node, x[0])
-    _spatial_checks(node, t)
-    if int(node.attr("group", 1)) != 1:
-        raise node.fail(f"group={node.attr('group')} is not supported (only group=1)")
+    _spatial_checks(node, t, dilated=True)
+    stride, dilation, group = _conv_attrs(node)
     w = _tensor(x[1], t.graph)
     padding, prelude = _pads_2d(node, t)
     if prelude is not None:
         top, bottom, left, right = prelude
         t = F.pad(t, (left, right, top, bottom))
     bias = _tensor(x[2], t.graph) if len(x) > 2 and x[2] is not None else None
-    stride = tuple(int(s) for s in node.attr("strides", [1, 1]))
-    return [F.conv2d(t, w, bias, stride=stride, padding=padding)]
+    return [F.conv2d(t, w, bias, stride=stride, padding=padding, dilation=dilation, groups=group)]
+
+
+@_op("ConvTranspose")
+def _conv_transpose(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    """ONNX's ConvTranspose: symmetric pads map onto F.conv_transpose2d; asymmetric pads and
+    ``output_shape`` scatter onto the unpadded extent and crop (zero-extending past it)."""
+    t = _need_tensor(node, x[0])
+    _spatial_checks(node, t, dilated=True)
+    stride, dilation, group = _conv_attrs(node)
+    w = _tensor(x[1], t.graph)
+    bias = _tensor(x[2], t.graph) if len(x) > 2 and x[2] is not None else None
+    if w.ndim != 4:
+        raise node.fail(f"the weight must be (C_in, C_out / group, kH, kW), got {w.shape}")
+    auto = node.attr("auto_pad", "NOTSET")
+    if auto not in ("NOTSET", "VALID"):
+        raise node.fail(f"auto_pad={auto!r} is not supported; export with explicit pads")
+    pads = [int(p) for p in node.attr("pads", [0, 0, 0, 0])] if auto == "NOTSET" else [0, 0, 0, 0]
+    output_padding = [int(p) for p in node.attr("output_padding", [0, 0])]
+    keff = [(k - 1) * d + 1 for k, d in zip(w.shape[2:], dilation)]
+    full = [(n - 1) * s + k for n, s, k in zip(t.shape[2:], stride, keff)]
+    shape = node.attr("output_shape")
+    if shape is not None:
+        shape = [int(v) for v in shape][-2:]
+        totals = [f + op - o for f, op, o in zip(full, output_padding, shape)]
+        if min(totals) < 0:
+            raise node.fail(f"output_shape {shape} is larger than the transposed convolution's extent")
+        pads = [tt - tt // 2 for tt in totals] + [tt // 2 for tt in totals]
+    if len(pads) != 4 or len(output_padding) != 2:
+        raise node.fail(f"only 2-D convolutions are supported (pads {pads})")
+    if pads[:2] == pads[2:] and all(op < max(s, d) for op, s, d in zip(output_padding, stride, dilation)):
+        y = F.conv_transpose2d(t, w, bias, stride, tuple(pads[:2]), tuple(output_padding), group, dilation)
+        return [y]
+    y = F.conv_transpose2d(t, w, None, stride, 0, 0, group, dilation)
+    size = [f + op - b - e for f, op, b, e in zip(full, output_padding, pads[:2], pads[2:])]
+    if min(size) < 1:
+        raise node.fail(f"pads {pads} leave an empty output")
+    for axis in (2, 3):
+        begin, n, f = pads[axis - 2], size[axis - 2], full[axis - 2]
+        if begin >= f:
+            raise node.fail(f"pads {pads} crop the whole output")
+        y = slice_axis(y, axis, begin, min(begin + n, f))
+    grow = [0, size[1] - y.shape[3], 0, size[0] - y.shape[2]]
+    if any(grow):
+        y = F.pad(y, grow)
+    return [y if bias is None else y + reshape(bias, (1, -1, 1, 1))]
 
 
 @_op("MaxPool", "AveragePool")
@@ -578,6 +636,136 @@ def _global_pool(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     t = _need_tensor(node, x[0])
     axes = tuple(range(2, t.ndim))
     return [t.mean(axes, keepdim=True) if node.op == "GlobalAveragePool" else t.amax(axes, keepdim=True)]
+
+
+@_op("Resize", "Upsample")
+def _resize(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    """Nearest resizing with torch's sampling (coordinate_transformation_mode "asymmetric",
+    nearest_mode "floor": source index floor(i / scale)), of the two spatial axes only."""
+    t = _need_tensor(node, x[0])
+    if t.ndim != 4:
+        raise node.fail(f"only 2-D spatial inputs (N, C, H, W) are supported, got {t.shape}")
+    mode = node.attr("mode", "nearest")
+    ctm = node.attr("coordinate_transformation_mode", "half_pixel" if node.op == "Resize" else "asymmetric")
+    nearest = node.attr("nearest_mode", "round_prefer_floor" if node.op == "Resize" else "floor")
+    if mode != "nearest" or ctm != "asymmetric" or nearest != "floor":
+        raise node.fail(
+            f"only mode 'nearest' with coordinate_transformation_mode 'asymmetric' and nearest_mode "
+            f"'floor' (torch's nearest) is supported, got {mode!r}, {ctm!r}, {nearest!r}"
+        )
+    if node.op == "Upsample":
+        given = x[1] if len(x) > 1 and x[1] is not None else node.attr("scales")
+        scales, sizes = [float(v) for v in _static(given, "scales").reshape(-1)], None
+    else:
+        if node.attr("axes") is not None or int(node.attr("antialias", 0)):
+            raise node.fail("the axes and antialias attributes are not supported")
+        scales = sizes = None
+        if len(x) > 3 and x[3] is not None and np.size(x[3]):
+            sizes = _ints(x[3], "sizes")
+        elif len(x) > 2 and x[2] is not None and np.size(x[2]):
+            scales = [float(v) for v in _static(x[2], "scales").reshape(-1)]
+        else:
+            raise node.fail("needs scales or sizes")
+    if sizes is not None:
+        if len(sizes) != 4 or tuple(sizes[:2]) != t.shape[:2]:
+            raise node.fail(f"sizes {sizes} must keep the batch and channel sizes of {t.shape}")
+        return [F.interpolate(t, size=tuple(sizes[2:]))]
+    if scales is None or len(scales) != 4 or scales[:2] != [1.0, 1.0]:
+        raise node.fail(f"scales {scales} must be 1 on the batch and channel axes")
+    return [F.interpolate(t, scale_factor=(scales[2], scales[3]))]
+
+
+# ONNX gate blocks in torch's order: LSTM i o f c -> i f g o, GRU z r h -> r z n.
+_TORCH_GATES = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2)}
+
+
+@_op("LSTM", "GRU")
+def _recurrent(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    """ONNX LSTM / GRU with the default activations, unrolled like glcomp.nn.LSTM / GRU: the W, R
+    and B initializers stay parameters in ONNX layout and are regrouped into torch's gate order
+    by slices inside the graph, so their gradients land in ONNX layout."""
+    from glcomp.ir.tensor import stack
+    from glcomp.nn.recurrent import _step
+
+    t = _need_tensor(node, x[0])
+    hidden = int(node.attr("hidden_size", 0))
+    direction = node.attr("direction", "forward")
+    layout = int(node.attr("layout", 0))
+    order = _TORCH_GATES[node.op]
+    gates = len(order)
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise node.fail(f"unknown direction {direction!r}")
+    default_acts = ["Sigmoid", "Tanh", "Tanh"] if node.op == "LSTM" else ["Sigmoid", "Tanh"]
+    acts = node.attr("activations")
+    if acts is not None and [a.lower() for a in acts] != [a.lower() for a in default_acts] * (
+        len(acts) // len(default_acts)
+    ):
+        raise node.fail(f"activations {acts} are not supported (only the defaults {default_acts})")
+    if node.attr("clip") is not None or int(node.attr("input_forget", 0)):
+        raise node.fail("clip and input_forget are not supported")
+    if node.op == "GRU" and not int(node.attr("linear_before_reset", 0)):
+        raise node.fail("linear_before_reset=0 is not supported (torch's GRU exports linear_before_reset=1)")
+    if node.op == "LSTM" and len(x) > 7 and x[7] is not None:
+        raise node.fail("peephole weights (input P) are not supported")
+    if t.ndim != 3:
+        raise node.fail(f"input X must be 3-D, got {t.shape}")
+    if layout:
+        t = permute(t, (1, 0, 2))
+    steps, n, width = t.shape
+    dirs = 2 if direction == "bidirectional" else 1
+    w, r = _tensor(x[1], t.graph), _tensor(x[2], t.graph)
+    if w.shape != (dirs, gates * hidden, width) or r.shape != (dirs, gates * hidden, hidden):
+        raise node.fail(f"W {w.shape} / R {r.shape} do not match hidden_size {hidden} and input {t.shape}")
+    b = _tensor(x[3], t.graph) if len(x) > 3 and x[3] is not None else None
+    if b is not None and b.shape != (dirs, 2 * gates * hidden):
+        raise node.fail(f"B {b.shape} does not match hidden_size {hidden}")
+    if len(x) > 4 and x[4] is not None:
+        lens = _static(x[4], "sequence_lens").reshape(-1)
+        if np.any(lens != steps):
+            raise node.fail(
+                f"sequence_lens {lens.tolist()} other than the full length {steps} are not supported"
+            )
+
+    def initial(i: int, what: str) -> list[Any]:
+        v = x[i] if len(x) > i else None
+        if v is None or (not isinstance(v, Tensor) and not np.any(np.asarray(v))):
+            return [None] * dirs  # zeros: the first step leaves out the recurrent product
+        v = _tensor(v, t.graph)
+        if layout:
+            v = permute(v, (1, 0, 2))
+        if v.shape != (dirs, n, hidden):
+            raise node.fail(f"{what} must have shape {(dirs, n, hidden)}, got {v.shape}")
+        return [getitem(v, d) for d in range(dirs)]
+
+    def torch_order(v: Tensor, start: int) -> Tensor:
+        return cat([slice_axis(v, 0, start + k * hidden, start + (k + 1) * hidden) for k in order], 0)
+
+    h0, c0 = initial(5, "initial_h"), initial(6, "initial_c")
+    flat = reshape(t, (steps * n, width))
+    ys, hs, cs = [], [], []
+    for d in range(dirs):
+        w_ih, w_hh = torch_order(getitem(w, d), 0), torch_order(getitem(r, d), 0)
+        b_ih = b_hh = None
+        if b is not None:
+            b_ih, b_hh = torch_order(getitem(b, d), 0), torch_order(getitem(b, d), gates * hidden)
+        gx = reshape(F.linear(flat, w_ih, b_ih), (steps, n, gates * hidden))
+        h, c = h0[d], c0[d]
+        seq: list[Tensor] = []
+        backward = direction == "reverse" or d == 1
+        for s in reversed(range(steps)) if backward else range(steps):
+            h, c = _step(node.op, getitem(gx, s), h, c, w_hh, b_hh)
+            seq.append(h)
+        if backward:
+            seq.reverse()
+        ys.append(stack(seq, 0))
+        hs.append(h)
+        cs.append(c)
+    y, y_h = stack(ys, 1), stack(hs, 0)  # (T, D, N, H), (D, N, H)
+    y_c = stack(cs, 0) if node.op == "LSTM" else None
+    if layout:
+        y, y_h = permute(y, (2, 0, 1, 3)), permute(y_h, (1, 0, 2))
+        y_c = permute(y_c, (1, 0, 2)) if y_c is not None else None
+    return [y, y_h] + ([y_c] if y_c is not None else [])
 
 
 # -- normalisation ---------------------------------------------------------------------------------

@@ -86,6 +86,42 @@ class Zoo(tnn.Module):
         return torch.log_softmax(z, -1) + torch.softmax(z, 1)[:, 2:3]
 
 
+class ConvFamily(tnn.Module):
+    """Grouped dilated Conv, ConvTranspose (grouped, output_padding; dilated), Resize (nearest by a
+    factor and to a size), AveragePool and GlobalAveragePool from AdaptiveAvgPool2d."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = tnn.Conv2d(2, 4, 3, padding=2, dilation=2, groups=2)
+        self.up = tnn.ConvTranspose2d(4, 4, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.up2 = tnn.ConvTranspose2d(4, 2, 2, dilation=2, output_padding=1)
+        self.nearest, self.resize = tnn.Upsample(scale_factor=2), tnn.Upsample(size=(5, 4))
+        self.pool, self.gpool = tnn.AdaptiveAvgPool2d((2, 2)), tnn.AdaptiveAvgPool2d(1)
+        self.fc = tnn.Linear(16 + 2 + 40, 5)
+
+    def forward(self, x: Any) -> Any:
+        h = torch.tanh(self.conv(x))  # (N, 4, 3, 3)
+        u = self.up(h) + self.nearest(h)  # (N, 4, 6, 6)
+        z = self.up2(h)  # (N, 2, 6, 6)
+        parts = [self.pool(u).flatten(1), self.gpool(z).flatten(1), self.resize(z).flatten(1)]
+        return self.fc(torch.cat(parts, 1))
+
+
+class Recurrent(tnn.Module):
+    """A 2-layer bidirectional batch-first LSTM feeding a GRU (ONNX LSTM and GRU nodes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = tnn.LSTM(3, 4, num_layers=2, batch_first=True, bidirectional=True)
+        self.gru = tnn.GRU(8, 5)
+        self.fc = tnn.Linear(5, 3)
+
+    def forward(self, x: Any) -> Any:
+        out, _ = self.lstm(x)
+        seq, h = self.gru(out.transpose(0, 1))
+        return self.fc(seq[-1] + h[0])
+
+
 def export(model: Any, shape: tuple[int, ...], path: Path, dynamic_batch: bool = False) -> Path:
     torch.manual_seed(0)
     with torch.no_grad():
@@ -121,11 +157,69 @@ def torch_name(model: Any, onnx_name: str, value: np.ndarray) -> tuple[str, bool
     raise AssertionError(f"no torch parameter for {onnx_name}")
 
 
-def check_training(
-    tmodel: Any, module: Any, runtime: Any, x: np.ndarray, y: np.ndarray, steps: int = 4, lr: float = 0.1
-) -> None:
-    """Gradients and `steps` SGD steps of cross-entropy training match torch (train mode)."""
+def plain_layout(tmodel: Any, module: Any) -> Any:
+    """torch arrays by parameter name -> the ONNX parameters they became (maybe transposed)."""
     names = {k: torch_name(tmodel, k, p.data) for k, p in module.named_parameters()}
+
+    def layout(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: arrays[n].T if transposed else arrays[n] for k, (n, transposed) in names.items()}
+
+    return layout
+
+
+def recurrent_layout(tmodel: Any, module: Any) -> Any:
+    """As plain_layout, for models with torch LSTM / GRU layers: their ONNX W, R and B
+    initializers stack the directions and list the gates in ONNX order (LSTM i o f c, GRU z r h;
+    torch's are i f g o and r z n), B joining the input and recurrent biases."""
+    candidates: dict[str, Any] = {}
+    for prefix, layer in tmodel.named_modules():
+        if not isinstance(layer, tnn.LSTM | tnn.GRU):
+            continue
+        order = (0, 3, 1, 2) if isinstance(layer, tnn.LSTM) else (1, 0, 2)
+        size = layer.hidden_size
+        for k in range(layer.num_layers):
+            sfxs = [f"_l{k}", f"_l{k}_reverse"][: 2 if layer.bidirectional else 1]
+
+            def gates(a: np.ndarray, order: Any = order, size: int = size) -> np.ndarray:
+                return np.concatenate([a[j * size : (j + 1) * size] for j in order])
+
+            def stacked(arrays: dict[str, np.ndarray], kinds: tuple[str, ...], prefix: str = prefix,
+                        sfxs: list[str] = sfxs, gates: Any = gates) -> np.ndarray:  # fmt: skip
+                return np.stack(
+                    [np.concatenate([gates(arrays[f"{prefix}.{kind}{s}"]) for kind in kinds]) for s in sfxs]
+                )
+
+            for kinds in (("weight_ih",), ("weight_hh",), ("bias_ih", "bias_hh")):
+                candidates[f"{prefix}.{kinds}.{k}"] = lambda a, kinds=kinds, f=stacked: f(a, kinds)
+    for name, _ in tmodel.named_parameters():
+        if not any(name.startswith(f"{p}.") for p, m in tmodel.named_modules() if isinstance(m, tnn.RNNBase)):
+            candidates[name] = lambda a, name=name: a[name]
+    start = {n: p.detach().numpy() for n, p in tmodel.named_parameters()}
+    found = {}
+    for key, value in module.state_dict().items():
+        hits = [
+            f
+            for f in candidates.values()
+            if f(start).shape == value.shape and np.array_equal(f(start), value)
+        ]
+        assert len(hits) == 1, f"no single torch origin for {key}"
+        found[key] = hits[0]
+    return lambda arrays: {k: f(arrays) for k, f in found.items()}
+
+
+def check_training(
+    tmodel: Any,
+    module: Any,
+    runtime: Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    steps: int = 4,
+    lr: float = 0.1,
+    layout: Any = plain_layout,
+) -> None:
+    """Gradients and `steps` SGD steps of cross-entropy training match torch (train mode);
+    ``layout(tmodel, module)`` maps torch's arrays onto the imported parameters."""
+    to_onnx = layout(tmodel, module)
     tmodel.train()
     topt = torch.optim.SGD(tmodel.parameters(), lr=lr)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
@@ -134,19 +228,17 @@ def check_training(
         topt.zero_grad()
         loss = tnn.functional.cross_entropy(tmodel(xt), yt)
         loss.backward()
-        tparams = dict(tmodel.named_parameters())
         if step == 0:
-            for key, (tname, transposed) in names.items():
-                g = tparams[tname].grad.numpy()
-                np.testing.assert_allclose(grads[key], g.T if transposed else g, RTOL, ATOL, err_msg=key)
+            want = to_onnx({n: p.grad.numpy() for n, p in tmodel.named_parameters()})
+            assert sorted(want) == sorted(grads)
+            for key, g in want.items():
+                np.testing.assert_allclose(grads[key], g, RTOL, ATOL, err_msg=key)
         ours = runtime.train_step(x=x, y=y)
         assert ours == pytest.approx(loss.item(), rel=RTOL, abs=ATOL), step
         topt.step()
-    tparams = dict(tmodel.named_parameters())
-    for key, (tname, transposed) in names.items():
-        p = tparams[tname].detach().numpy()
-        got = runtime.state_dict()[key]
-        np.testing.assert_allclose(got, p.T if transposed else p, RTOL, ATOL, err_msg=key)
+    state = runtime.state_dict()
+    for key, p in to_onnx({n: p.detach().numpy() for n, p in tmodel.named_parameters()}).items():
+        np.testing.assert_allclose(state[key], p, RTOL, ATOL, err_msg=key)
 
 
 def predict_matches(tmodel: Any, runtime: Any, x: np.ndarray) -> None:
@@ -256,6 +348,114 @@ def test_op_zoo_with_shape_chains(tmp_path: Path) -> None:
     check_training(tmodel, module, ref, x, y, steps=2)
 
 
+def test_conv_family_on_gl(tmp_path: Path, gl_runtime: Any) -> None:
+    tmodel = ConvFamily()
+    path = export(tmodel, (2, 2, 3, 3), tmp_path / "convs.onnx")
+    nodes = onnx.load(str(path)).graph.node
+    ops = {n.op_type for n in nodes}
+    assert {"Conv", "ConvTranspose", "Resize", "AveragePool", "GlobalAveragePool"} <= ops
+    conv = next(n for n in nodes if n.op_type == "Conv")
+    assert {a.name for a in conv.attribute} >= {"group", "dilations"}
+    module = glcomp.onnx.load(path)
+    x, y = data((2, 2, 3, 3), 5)
+    with gl_runtime(compile_sgd(module, (2, 2, 3, 3))) as gl:
+        predict_matches(tmodel, gl, x)
+        check_training(tmodel, module, gl, x, y)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"strides": [2, 2], "pads": [1, 0, 0, 2], "output_padding": [1, 1]},
+        # Extent 6 x 7: the spec's padding for output_shape 6 x 4 is [0, 2, 0, 1] (begin gets the
+        # larger half); onnx's reference evaluator does not derive it, so it gets the pads.
+        {"strides": [2, 1], "output_shape": [6, 4], "dilations": [1, 2], "group": 2},
+        {"strides": [1, 2], "pads": [0, 1, 2, 0], "dilations": [2, 1]},
+    ],
+)
+def test_conv_transpose_asymmetric_pads_and_output_shape(tmp_path: Path, attrs: dict[str, Any]) -> None:
+    """Forms torch does not export, checked against onnx's reference evaluator."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(2, 2 // attrs.get("group", 1), 2, 3)).astype(np.float32)
+    x = rng.normal(size=(1, 2, 3, 3)).astype(np.float32)
+
+    def model(out: Any, attrs: dict[str, Any] = attrs) -> Any:
+        node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="tconv", **attrs)
+        graph = helper.make_graph(
+            [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], [numpy_helper.from_array(w, "w")],
+        )  # fmt: skip
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    oracle = dict(attrs)
+    if "output_shape" in oracle:
+        del oracle["output_shape"]
+        oracle["pads"] = [0, 2, 0, 1]
+    want = ReferenceEvaluator(model(None, oracle)).run(None, {"x": x})[0]
+    module = glcomp.onnx.load(_save(model(list(want.shape)), tmp_path / "t.onnx"))
+    got = glcomp.compile(module, {"x": x.shape}).runtime("reference").predict(x=x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("op", "direction"), [("LSTM", "reverse"), ("GRU", "bidirectional")])
+def test_recurrent_node_layout_direction_and_states(tmp_path: Path, op: str, direction: str) -> None:
+    """Batch-first layout, reverse and bidirectional directions and initial states (initializers,
+    hence parameters), checked against onnx's reference evaluator on every output."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(6)
+    dirs, gates, hidden, (n, steps, width) = (
+        1 + (direction == "bidirectional"),
+        4 if op == "LSTM" else 3,
+        3,
+        (2, 4, 2),
+    )
+    inits = {
+        "W": rng.normal(size=(dirs, gates * hidden, width)),
+        "R": rng.normal(size=(dirs, gates * hidden, hidden)) * 0.5,
+        "B": rng.normal(size=(dirs, 2 * gates * hidden)),
+        "h0": rng.normal(size=(n, dirs, hidden)),  # layout 1: batch first
+    }
+    if op == "LSTM":
+        inits["c0"] = rng.normal(size=(n, dirs, hidden))
+    inputs = ["x", "W", "R", "B", "", "h0"] + (["c0"] if op == "LSTM" else [])
+    outputs = ["y", "y_h"] + (["y_c"] if op == "LSTM" else [])
+    extra = {"linear_before_reset": 1} if op == "GRU" else {}
+    node = helper.make_node(
+        op, inputs, outputs, name="rnn", hidden_size=hidden, direction=direction, layout=1, **extra
+    )
+    shapes = {"y": [n, steps, dirs, hidden], "y_h": [n, dirs, hidden], "y_c": [n, dirs, hidden]}
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, steps, width])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, shapes[o]) for o in outputs],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(size=(n, steps, width)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    module = glcomp.onnx.load(_save(model, tmp_path / "rnn.onnx"))
+    assert set(module.state_dict()) == set(inits)
+    got = glcomp.compile(module, {"x": x.shape}).runtime("reference").predict(x=x)
+    for i, name in enumerate(outputs):
+        np.testing.assert_allclose(got[f"output.{i}"], want[i], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_lstm_gru_nodes(tmp_path: Path) -> None:
+    tmodel = Recurrent()
+    path = export(tmodel, (2, 3, 3), tmp_path / "rnn.onnx")
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("LSTM") == 2 and ops.count("GRU") == 1
+    module = glcomp.onnx.load(path)
+    x, y = data((2, 3, 3), 3)
+    ref = compile_sgd(module, (2, 3, 3)).runtime("reference")
+    predict_matches(tmodel, ref, x)
+    check_training(tmodel, module, ref, x, y, layout=recurrent_layout)
+
+
 # -- errors ----------------------------------------------------------------------------------------
 def _save(model: Any, path: Path) -> Path:
     onnx.save(model, str(path))
@@ -286,6 +486,13 @@ def test_unsupported_op_names_node_and_supported_ops(tmp_path: Path) -> None:
     assert "supported ops: " in message and "Gemm" in message and "LayerNormalization" in message
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert " ".join(", ".join(glcomp.onnx.SUPPORTED_OPS).split()) in " ".join(readme.split())
+
+
+def test_unsupported_resize_mode_names_the_node(tmp_path: Path) -> None:
+    path = export(tnn.Upsample(scale_factor=2, mode="bilinear"), (1, 2, 3, 3), tmp_path / "bilinear.onnx")
+    module = glcomp.onnx.load(path)
+    with pytest.raises(glcomp.GlcompError, match=r"ONNX node '/Resize' \(Resize\): only mode 'nearest'"):
+        glcomp.compile(module, {"x": (1, 2, 3, 3)})
 
 
 def test_invalid_and_unsafe_files(tmp_path: Path) -> None:

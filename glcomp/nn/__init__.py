@@ -4,12 +4,14 @@ from glcomp.nn import functional, init
 from glcomp.nn.layers import (
     ELU,
     GELU,
+    AdaptiveAvgPool2d,
     AvgPool2d,
     BatchNorm1d,
     BatchNorm2d,
     BCELoss,
     BCEWithLogitsLoss,
     Conv2d,
+    ConvTranspose2d,
     CrossEntropyLoss,
     Dropout,
     Dropout1d,
@@ -42,6 +44,8 @@ from glcomp.nn.layers import (
     Softplus,
     Tanh,
     Unflatten,
+    Upsample,
+    UpsamplingNearest2d,
 )
 from glcomp.nn.module import Module, Parameter
 from glcomp.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
@@ -52,12 +56,14 @@ __all__ = [
     "GRU",
     "LSTM",
     "RNN",
+    "AdaptiveAvgPool2d",
     "AvgPool2d",
     "BCELoss",
     "BCEWithLogitsLoss",
     "BatchNorm1d",
     "BatchNorm2d",
     "Conv2d",
+    "ConvTranspose2d",
     "CrossEntropyLoss",
     "Dropout",
     "Dropout1d",
@@ -95,6 +101,8 @@ __all__ = [
     "Softplus",
     "Tanh",
     "Unflatten",
+    "Upsample",
+    "UpsamplingNearest2d",
     "functional",
     "init",
 ]

@@ -21,6 +21,7 @@ from glcomp.ir.tensor import (
     one_hot,
     prim,
     reshape,
+    slice_axis,
     softmax,
     unary,
     where,
@@ -456,15 +457,249 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return out + bias if bias is not None else out
 
 
-def conv2d(
-    x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0
-) -> Tensor:
+def _dilate_kernel(w: Tensor, dilation: tuple[int, int]) -> Tensor:
+    """The (.., KH, KW) kernel spread out to ((KH - 1) dh + 1, (KW - 1) dw + 1) with zeros
+    between its taps: movement ops only (reshape, pad, slice), so gradients flow back to the taps
+    and the convolution primitives run unchanged."""
+    dh, dw = dilation
+    if (dh, dw) == (1, 1):
+        return w
+    *lead, kh, kw = w.shape
+    spread = reshape(w, (*lead, kh, 1, kw, 1))
+    rank = spread.ndim
+    after = tuple(dh - 1 if i == rank - 3 else dw - 1 if i == rank - 1 else 0 for i in range(rank))
+    spread = prim("pad", spread, before=(0,) * rank, after=after)
+    spread = reshape(spread, (*lead, kh * dh, kw * dw))
+    return prim("slice", spread, starts=(0,) * len(spread.shape),
+                stops=(*lead, (kh - 1) * dh + 1, (kw - 1) * dw + 1))  # fmt: skip
+
+
+def _positive_pair(what: str, name: str, v: Any, minimum: int = 1) -> tuple[int, int]:
+    pair = _pair(v)
+    if min(pair) < minimum:
+        raise _fail(f"{what}: {name} must be at least {minimum}, got {v!r}")
+    return pair
+
+
+def _group_checks(what: str, x: Tensor, weight: Tensor, groups: int, transposed: bool) -> None:
     if x.ndim != 4:
-        raise _fail(f"conv2d expects input of shape (N, C, H, W), got {x.shape}")
-    out = prim("conv2d", x, weight, stride=_pair(stride), padding=_pair(padding))
+        raise _fail(f"{what} expects input of shape (N, C, H, W), got {x.shape}")
+    if weight.ndim != 4:
+        raise _fail(f"{what} expects a 4-D weight, got {weight.shape}")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise _fail(f"{what}: groups must be a positive integer, got {groups!r}")
+    if transposed:
+        if x.shape[1] != weight.shape[0] or weight.shape[0] % groups:
+            raise _fail(
+                f"{what}: input {x.shape} and weight {weight.shape} with groups={groups} do not match "
+                f"(weight (in_channels, out_channels / groups, kH, kW), in_channels divisible by groups)"
+            )
+    elif x.shape[1] != weight.shape[1] * groups or weight.shape[0] % groups:
+        raise _fail(
+            f"{what}: input {x.shape} and weight {weight.shape} with groups={groups} do not match "
+            f"(weight (out_channels, in_channels / groups, kH, kW), out_channels divisible by groups)"
+        )
+
+
+def _per_group(x: Tensor, weight: Tensor, groups: int, run: Any) -> Tensor:
+    """`run(x_g, w_g)` over each group's channels of x and rows of weight, concatenated."""
+    if groups == 1:
+        return run(x, weight)
+    from glcomp.ir.tensor import cat
+
+    cx, cw = x.shape[1] // groups, weight.shape[0] // groups
+    outs = [run(x[:, g * cx : (g + 1) * cx], weight[g * cw : (g + 1) * cw]) for g in range(groups)]
+    return cat(outs, 1)
+
+
+def _same_padding(kernel: tuple[int, int], dilation: tuple[int, int]) -> tuple[tuple[int, int], list[int]]:
+    """padding="same" as torch: total d (k - 1) per axis, the odd one extra at the bottom/right."""
+    totals = [d * (k - 1) for k, d in zip(kernel, dilation, strict=True)]
+    sym = (totals[0] // 2, totals[1] // 2)
+    return sym, [0, totals[1] % 2, 0, totals[0] % 2]
+
+
+def conv2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """torch's conv2d (NCHW input, (O, C / groups, KH, KW) weight). Dilation spreads the kernel
+    with zeros (movement ops); groups run one convolution per channel group and concatenate.
+    ``padding`` may be ints, "valid" or "same" (stride 1; the odd extra row/column goes at the
+    bottom/right as in torch)."""
+    _group_checks("conv2d", x, weight, groups, False)
+    stride = _positive_pair("conv2d", "stride", stride)
+    dilation = _positive_pair("conv2d", "dilation", dilation)
+    if padding == "valid":
+        padding = 0
+    if padding == "same":
+        if stride != (1, 1):
+            raise _fail("conv2d: padding='same' is not supported for strided convolutions")
+        padding, extra = _same_padding(weight.shape[2:], dilation)
+        if any(extra):
+            x = pad(x, extra)
+    padding = _positive_pair("conv2d", "padding", padding, 0)
+    w = _dilate_kernel(weight, dilation)
+
+    def run(xg: Tensor, wg: Tensor) -> Tensor:
+        return prim("conv2d", xg, wg, stride=stride, padding=padding)
+
+    out = _per_group(x, w, groups, run)
     if bias is not None:
         out = out + bias.reshape(1, -1, 1, 1)
     return out
+
+
+def conv_transpose2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """torch's conv_transpose2d: the adjoint of conv2d in its input (the conv2d_input_grad
+    primitive), weight (C_in, C_out / groups, KH, KW). Output size per axis
+    ``(H - 1) stride - 2 padding + dilation (KH - 1) + output_padding + 1``; ``output_padding``
+    must be smaller than stride or dilation, as in torch."""
+    _group_checks("conv_transpose2d", x, weight, groups, True)
+    what = "conv_transpose2d"
+    stride, dilation = _positive_pair(what, "stride", stride), _positive_pair(what, "dilation", dilation)
+    padding = _positive_pair(what, "padding", padding, 0)
+    output_padding = _positive_pair(what, "output_padding", output_padding, 0)
+    for op, s, d in zip(output_padding, stride, dilation, strict=True):
+        if op >= max(s, d):
+            raise _fail(
+                f"{what}: output_padding {output_padding} must be smaller than stride {stride} "
+                f"or dilation {dilation}"
+            )
+    w = _dilate_kernel(weight, dilation)
+    keff = w.shape[2:]
+    full = tuple((n - 1) * s + k for n, s, k in zip(x.shape[2:], stride, keff, strict=True))
+    size = tuple(f - 2 * p + op for f, p, op in zip(full, padding, output_padding, strict=True))
+    if min(size) < 1:
+        raise _fail(f"{what}: input {x.shape} gives an empty output {size} with padding {padding}")
+    direct = all(op < s for op, s in zip(output_padding, stride, strict=True))
+
+    def run(xg: Tensor, wg: Tensor) -> Tensor:
+        if direct:  # the adjoint of a conv2d over an input of `size` (output_padding < stride)
+            return prim("conv2d_input_grad", xg, wg, stride=stride, padding=padding, input_hw=size)
+        # Otherwise scatter onto the whole unpadded extent, then crop (and zero-extend) to `size`.
+        y = prim("conv2d_input_grad", xg, wg, stride=stride, padding=(0, 0), input_hw=full)
+        for axis, (p, n, f) in enumerate(zip(padding, size, full, strict=True)):
+            y = slice_axis(y, axis + 2, p, min(p + n, f))
+        grow = [0, max(0, padding[1] + size[1] - full[1]), 0, max(0, padding[0] + size[0] - full[0])]
+        return pad(y, grow) if any(grow) else y
+
+    out = _per_group(x, w, groups, run)
+    if bias is not None:
+        out = out + bias.reshape(1, -1, 1, 1)
+    return out
+
+
+def _nearest_sources(n_in: int, n_out: int, scale: float | None) -> list[int]:
+    """torch's nearest (legacy) sampling: source index floor(i * s) in float32, clamped, with
+    s = 1 / scale_factor when a scale factor is given, else n_in / n_out."""
+    import numpy as np
+
+    s = np.float32(1.0 / scale) if scale is not None else np.float32(n_in) / np.float32(n_out)
+    return [min(int(np.floor(np.float32(i) * s)), n_in - 1) for i in range(n_out)]
+
+
+def _gather_axis(x: Tensor, axis: int, sources: list[int]) -> Tensor:
+    """x's slices along `axis` at `sources` (ascending) by movement ops: an integer repeat
+    factor is a reshape and broadcast; otherwise runs of one source are sliced and broadcast."""
+    from glcomp.ir.tensor import cat
+
+    n = x.shape[axis]
+    if sources == list(range(n)):
+        return x
+    factor = len(sources) // n
+    if factor * n == len(sources) and sources == [i // factor for i in range(len(sources))]:
+        shape = x.shape[: axis + 1] + (1,) + x.shape[axis + 1 :]
+        wide = x.shape[: axis + 1] + (factor,) + x.shape[axis + 1 :]
+        y = broadcast_to(reshape(x, shape), wide)
+        return reshape(y, x.shape[:axis] + (n * factor,) + x.shape[axis + 1 :])
+    parts: list[Tensor] = []
+    i = 0
+    while i < len(sources):
+        j = i
+        while j < len(sources) and sources[j] == sources[i]:
+            j += 1
+        piece = slice_axis(x, axis, sources[i], sources[i] + 1)
+        parts.append(broadcast_to(piece, x.shape[:axis] + (j - i,) + x.shape[axis + 1 :]))
+        i = j
+    return cat(parts, axis)
+
+
+def interpolate(
+    x: Tensor,
+    size: Any = None,
+    scale_factor: Any = None,
+    mode: str = "nearest",
+    align_corners: Any = None,
+    recompute_scale_factor: Any = None,
+    antialias: bool = False,
+) -> Tensor:
+    """torch's interpolate for mode "nearest" on (N, C, H, W) input, by movement ops (an integer
+    factor is a reshape and a broadcast; the gradient sums each source's copies). Exactly one of
+    ``size`` and ``scale_factor``; other modes raise GlcompError."""
+    if mode != "nearest":
+        raise _fail(f"interpolate: mode {mode!r} is not supported (only 'nearest')")
+    if x.ndim != 4:
+        raise _fail(f"interpolate expects input of shape (N, C, H, W), got {x.shape}")
+    if (size is None) == (scale_factor is None):
+        raise _fail("interpolate: give exactly one of size and scale_factor")
+    hw = x.shape[2:]
+    if size is not None:
+        out = _pair(size)
+        scales: tuple[Any, Any] = (None, None)
+    else:
+        scales = (
+            (float(scale_factor[0]), float(scale_factor[1]))
+            if isinstance(scale_factor, tuple | list)
+            else (float(scale_factor),) * 2
+        )
+        out = (math.floor(hw[0] * scales[0]), math.floor(hw[1] * scales[1]))
+        if recompute_scale_factor:
+            scales = (None, None)
+    if min(out) < 1:
+        raise _fail(f"interpolate: output size {out} of input {x.shape} must be positive")
+    for axis in (2, 3):
+        x = _gather_axis(x, axis, _nearest_sources(hw[axis - 2], out[axis - 2], scales[axis - 2]))
+    return x
+
+
+def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
+    """torch's adaptive_avg_pool2d: output cell i of an axis averages input rows
+    [floor(i H / OH), ceil((i + 1) H / OH)). When OH divides H (and OW divides W) this is
+    avg_pool2d; otherwise each axis is averaged separately over its bins (slices and means, as
+    a rectangle's mean is the mean of its rows' means). ``None`` keeps that axis's size."""
+    if x.ndim != 4:
+        raise _fail(f"adaptive_avg_pool2d expects input of shape (N, C, H, W), got {x.shape}")
+    sizes = output_size if isinstance(output_size, tuple | list) else (output_size, output_size)
+    hw = x.shape[2:]
+    out = tuple(n if s is None else int(s) for s, n in zip(sizes, hw, strict=True))
+    if min(out) < 1:
+        raise _fail(f"adaptive_avg_pool2d: output size {output_size} must be positive")
+    if all(n % o == 0 for n, o in zip(hw, out, strict=True)):
+        kernel = (hw[0] // out[0], hw[1] // out[1])
+        return x if kernel == (1, 1) else avg_pool2d(x, kernel)
+    from glcomp.ir.tensor import cat
+
+    for axis, (n, o) in enumerate(zip(hw, out, strict=True), start=2):
+        if n == o:
+            continue
+        bins = [(i * n // o, -(-(i + 1) * n // o)) for i in range(o)]
+        x = cat([slice_axis(x, axis, lo, hi).mean(axis, keepdim=True) for lo, hi in bins], axis)
+    return x
 
 
 def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
@@ -505,11 +740,13 @@ def batch_norm_train(x: Tensor, axes: tuple[int, ...], eps: float) -> tuple[Tens
 
 __all__ = [
     "RNG_STEP",
+    "adaptive_avg_pool2d",
     "avg_pool2d",
     "batch_norm_train",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
     "conv2d",
+    "conv_transpose2d",
     "cross_entropy",
     "dropout",
     "dropout1d",
@@ -524,6 +761,7 @@ __all__ = [
     "hardswish",
     "hardtanh",
     "huber_loss",
+    "interpolate",
     "kl_div",
     "l1_loss",
     "layer_norm",

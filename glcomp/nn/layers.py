@@ -162,7 +162,31 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
+def _groups_of(owner: str, in_channels: int, out_channels: int, groups: Any) -> int:
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise GlcompError(f"{owner}: groups must be a positive integer, got {groups!r}")
+    for what, n in (("in_channels", in_channels), ("out_channels", out_channels)):
+        if n % groups:
+            raise GlcompError(f"{owner}: {what} ({n}) must be divisible by groups ({groups})")
+    return groups
+
+
+def _at_least(owner: str, what: str, v: Any, minimum: int) -> tuple[int, int]:
+    pair = _pair(v)
+    if min(pair) < minimum:
+        raise GlcompError(f"{owner}: {what} must be at least {minimum}, got {v!r}")
+    return pair
+
+
+def _zeros_mode(owner: str, padding_mode: str) -> None:
+    if padding_mode != "zeros":
+        raise GlcompError(f"{owner}: padding_mode {padding_mode!r} is not supported (only 'zeros')")
+
+
 class Conv2d(Module):
+    """torch.nn.Conv2d: stride, padding (ints, "valid", "same"), dilation, groups, bias; weight
+    (out_channels, in_channels / groups, kH, kW)."""
+
     def __init__(
         self,
         in_channels: int,
@@ -173,34 +197,185 @@ class Conv2d(Module):
         dilation: Any = 1,
         groups: int = 1,
         bias: bool = True,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = None,
     ) -> None:
         super().__init__()
-        if _pair(dilation) != (1, 1) or groups != 1:
-            raise GlcompError("Conv2d: dilation and groups other than 1 are not supported yet")
+        _zeros_mode("Conv2d", padding_mode)
+        self.groups = _groups_of("Conv2d", in_channels, out_channels, groups)
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
+        self.kernel_size = _at_least("Conv2d", "kernel_size", kernel_size, 1)
+        self.stride = _at_least("Conv2d", "stride", stride, 1)
+        self.dilation = _at_least("Conv2d", "dilation", dilation, 1)
         if padding == "valid":
             padding = 0
-        elif padding == "same":
-            if self.stride != (1, 1) or any(k % 2 == 0 for k in self.kernel_size):
-                raise GlcompError("Conv2d: padding='same' needs stride 1 and odd kernel sizes")
-            padding = (self.kernel_size[0] // 2, self.kernel_size[1] // 2)
-        self.padding = _pair(padding)
-        bound = fan_in_bound(in_channels * self.kernel_size[0] * self.kernel_size[1])
-        self.weight = Parameter(uniform((out_channels, in_channels, *self.kernel_size), bound))
+        if padding == "same":
+            if self.stride != (1, 1):
+                raise GlcompError("Conv2d: padding='same' is not supported for strided convolutions")
+            self.padding: Any = "same"
+        else:
+            self.padding = _at_least("Conv2d", "padding", padding, 0)
+        fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
+        bound = fan_in_bound(fan_in)
+        self.weight = Parameter(uniform((out_channels, in_channels // groups, *self.kernel_size), bound))
         self.bias = Parameter(uniform((out_channels,), bound)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         x = _need(x, "input")
         if x.ndim != 4 or x.shape[1] != self.in_channels:
             raise _fail(f"input expected shape (N, {self.in_channels}, H, W) but got {x.shape}")
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding)
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:
-        return (
+        s = (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
             f"stride={self.stride}, padding={self.padding}"
         )
+        if self.dilation != (1, 1):
+            s += f", dilation={self.dilation}"
+        return s + (f", groups={self.groups}" if self.groups != 1 else "")
+
+
+class ConvTranspose2d(Module):
+    """torch.nn.ConvTranspose2d: the adjoint of Conv2d in its input, with stride, padding,
+    output_padding (smaller than stride or dilation), groups, dilation, bias; weight
+    (in_channels, out_channels / groups, kH, kW). ``forward(x, output_size=None)`` as torch."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        output_padding: Any = 0,
+        groups: int = 1,
+        bias: bool = True,
+        dilation: Any = 1,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        owner = "ConvTranspose2d"
+        _zeros_mode(owner, padding_mode)
+        self.groups = _groups_of(owner, in_channels, out_channels, groups)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = _at_least(owner, "kernel_size", kernel_size, 1)
+        self.stride = _at_least(owner, "stride", stride, 1)
+        self.dilation = _at_least(owner, "dilation", dilation, 1)
+        self.padding = _at_least(owner, "padding", padding, 0)
+        self.output_padding = _at_least(owner, "output_padding", output_padding, 0)
+        for op, st, d in zip(self.output_padding, self.stride, self.dilation, strict=True):
+            if op >= max(st, d):
+                raise GlcompError(
+                    f"{owner}: output_padding {self.output_padding} must be smaller than stride "
+                    f"{self.stride} or dilation {self.dilation}"
+                )
+        # torch computes the fan-in of a transposed weight from its dim 1 (out_channels / groups).
+        bound = fan_in_bound(out_channels // groups * self.kernel_size[0] * self.kernel_size[1])
+        self.weight = Parameter(uniform((in_channels, out_channels // groups, *self.kernel_size), bound))
+        self.bias = Parameter(uniform((out_channels,), bound)) if bias else None
+
+    def forward(self, x: Tensor, output_size: Any = None) -> Tensor:
+        x = _need(x, "input")
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise _fail(f"input expected shape (N, {self.in_channels}, H, W) but got {x.shape}")
+        output_padding = self.output_padding
+        if output_size is not None:
+            want = tuple(int(v) for v in tuple(output_size)[-2:])
+            base = [
+                (n - 1) * s - 2 * p + d * (k - 1) + 1
+                for n, s, p, d, k in zip(x.shape[2:], self.stride, self.padding, self.dilation,
+                                         self.kernel_size, strict=True)
+            ]  # fmt: skip
+            output_padding = tuple(w - b for w, b in zip(want, base, strict=True))
+            if any(not 0 <= op < max(s, d) for op, s, d in zip(output_padding, self.stride, self.dilation)):
+                raise _fail(
+                    f"ConvTranspose2d: output_size {want} is not reachable from input {x.shape} "
+                    f"(sizes from {tuple(base)} to "
+                    f"{tuple(b + max(s, d) - 1 for b, s, d in zip(base, self.stride, self.dilation))})"
+                )
+        return F.conv_transpose2d(
+            x, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups, self.dilation
+        )
+
+    def extra_repr(self) -> str:
+        s = (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}"
+        )
+        if self.output_padding != (0, 0):
+            s += f", output_padding={self.output_padding}"
+        if self.dilation != (1, 1):
+            s += f", dilation={self.dilation}"
+        return s + (f", groups={self.groups}" if self.groups != 1 else "")
+
+
+class Upsample(Module):
+    """torch.nn.Upsample with mode "nearest" (other modes raise GlcompError): exactly one of
+    ``size`` and ``scale_factor``; see F.interpolate."""
+
+    def __init__(
+        self,
+        size: Any = None,
+        scale_factor: Any = None,
+        mode: str = "nearest",
+        align_corners: Any = None,
+        recompute_scale_factor: Any = None,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if mode != "nearest":
+            raise GlcompError(f"{name}: mode {mode!r} is not supported (only 'nearest')")
+        if (size is None) == (scale_factor is None):
+            raise GlcompError(f"{name}: give exactly one of size and scale_factor")
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.recompute_scale_factor = recompute_scale_factor
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = _need(x, "input")
+        if x.ndim != 4:
+            raise _fail(f"{type(self).__name__}: input expected shape (N, C, H, W) but got {x.shape}")
+        return F.interpolate(
+            x, self.size, self.scale_factor, self.mode, recompute_scale_factor=self.recompute_scale_factor
+        )
+
+    def extra_repr(self) -> str:
+        what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
+        return f"{what}, mode={self.mode!r}"
+
+
+class UpsamplingNearest2d(Upsample):
+    """torch.nn.UpsamplingNearest2d: Upsample with mode "nearest"."""
+
+    def __init__(self, size: Any = None, scale_factor: Any = None) -> None:
+        super().__init__(size, scale_factor, "nearest")
+
+
+class AdaptiveAvgPool2d(Module):
+    """torch.nn.AdaptiveAvgPool2d: ``output_size`` an int or a pair (None keeps that axis);
+    see F.adaptive_avg_pool2d."""
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        sizes = output_size if isinstance(output_size, tuple | list) else (output_size, output_size)
+        if len(sizes) != 2 or any(s is not None and (not isinstance(s, int) or s < 1) for s in sizes):
+            raise GlcompError(
+                f"AdaptiveAvgPool2d: output_size must be a positive int or a pair of them (or None), "
+                f"got {output_size!r}"
+            )
+        self.output_size = output_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = _need(x, "input")
+        if x.ndim != 4:
+            raise _fail(f"AdaptiveAvgPool2d: input expected shape (N, C, H, W) but got {x.shape}")
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
 
 
 class _Pool(Module):
