@@ -176,3 +176,40 @@ def test_cost_model_choice(m, k, n, target, limits, want):
     g, kernel, layouts = _matmul_kernel(m, k, n)
     t = tiled.choose_tiling(g, kernel, layouts, make_target(target, **limits))
     assert (None if t is None else (t.R, t.C)) == want
+
+
+class Epilogue(nn.Module):
+    """relu(Linear(x)) or relu(x @ W + b): the product is fused into a bias and activation."""
+
+    def __init__(self, k: int, n: int, form: str) -> None:
+        super().__init__()
+        self.p = Product(k, n, form)
+        self.b = nn.Parameter(np.random.default_rng(n).normal(size=(n,)).astype(np.float32))
+
+    def forward(self, x: Any) -> Any:
+        return (self.p(x) + self.b).relu()
+
+
+@pytest.mark.parametrize("form", ["stored", "linear"])
+def test_tiled_matmul_with_fused_epilogue(form: str, force: Any, gl_runtime: Any):
+    """The bias and activation are split off into a kernel of their own that reads the tiled
+    product; gradients and the SGD update train like the reference."""
+    force((4, 2))
+    prog = glcomp.compile(
+        Epilogue(11, 14, form),
+        {"x": (9, 11)},
+        loss=SumLoss(),
+        optimizer=glcomp.optim.SGD(lr=0.05),
+        target="webgl2",
+        max_draw_buffers=8,
+    )
+    draws = build_bundle(prog).manifest["entries"]["predict"]["draws"]
+    assert [len(d["targets"]) for d in draws] == [8, 1, 1]  # block, gather, epilogue
+    check(prog, gl_runtime, (9, 14), seed=3)
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(9, 11)).astype(np.float32), rng.normal(size=(9, 14)).astype(np.float32)
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        for _ in range(2):
+            np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=RTOL)
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=RTOL, atol=ATOL)

@@ -24,7 +24,7 @@ from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
 from glcomp.codegen.split_wide import split_wide
 from glcomp.codegen.target import Target, make_target
-from glcomp.codegen.tiled import choose_tiling, render_tiled
+from glcomp.codegen.tiled import choose_tiling, render_tiled, split_epilogues
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.passes import fold_views, split_reductions, transpose_pushdown
@@ -314,6 +314,8 @@ def _lower_entry(
         return [blends.into.get(r, r) for r in k.roots]
 
     # Large matmuls run as a register-blocked draw into tiles plus a gather draw (see tiled.py).
+    kernels, products = split_epilogues(kernels, graph, layouts, target, keep=set(blends.blend))
+    stored |= products
     tiling = {k.name: choose_tiling(graph, k, layouts, target) for k in kernels if k.name not in blends.blend}
     tilings = {name: t for name, t in tiling.items() if t is not None}
     steps = []

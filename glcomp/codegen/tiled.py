@@ -23,9 +23,10 @@ from typing import Any
 
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.plan import Kernel
-from glcomp.codegen.render import Rendered, environment, safe_comment
+from glcomp.codegen.render import FUSED_ROOT, Rendered, environment, safe_comment
 from glcomp.codegen.target import Target
 from glcomp.ir.graph import Graph
+from glcomp.ir.ops import get_op
 
 # Block shapes (R rows, C column texels) tried, R * C render targets each.
 SHAPES = ((8, 1), (4, 2), (4, 1), (2, 2), (2, 1))
@@ -76,10 +77,13 @@ def _stored(n: int, kernel: Kernel, layouts: dict[int, Layout]) -> bool:
     return n in kernel.leaves and layouts[n].pages == 1
 
 
-def choose_tiling(graph: Graph, kernel: Kernel, layouts: dict[int, Layout], target: Target) -> Tiling | None:
+def choose_tiling(
+    graph: Graph, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
+) -> Tiling | None:
     """The tiling of `kernel`, or None when it keeps the one-texel kernel: not a lone matmul of
     stored single-page operands, a target without GLSL ES 3.00 or 2 draw buffers, tiles larger than
-    the target's textures, or too little work for the saved fetches to pay for the gather draw."""
+    the target's textures, or too little work for the saved fetches to pay for the gather draw
+    (and `extra_draws` more draws, e.g. an epilogue split off the product)."""
     if target.webgl1 or target.max_draw_buffers < 2 or len(kernel.roots) != 1:
         return None
     (n,) = kernel.roots
@@ -102,12 +106,64 @@ def choose_tiling(graph: Graph, kernel: Kernel, layouts: dict[int, Layout], targ
         fw, fh = -(-rt // c), -(-m // r)
         if r * c > target.max_draw_buffers or fw * fh > target.max_texture_size**2:
             continue
-        cost = fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * GATHER_COST + DRAW_COST
+        cost = fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * GATHER_COST
+        cost += DRAW_COST * (1 + extra_draws)
         if best is None or cost < best[0]:
             best = (cost, r, c)
     if best is None or best[0] >= today:
         return None
     return Tiling(n, a, b, form, best[1], best[2], m, k, cols)
+
+
+def _closure(graph: Graph, start: int, kernel: Kernel, stop: int | None) -> tuple[list[int], list[int]]:
+    """The body nodes and leaves of `kernel` that computing `start` reaches (`stop` is read as a
+    leaf), in the kernel's orders."""
+    body, leaves, todo, seen = set(), set(), [start], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for src in graph.operands(n):
+            if src == stop or src in kernel.leaves:
+                leaves.add(src)
+            elif src in kernel.body:
+                body.add(src)
+                todo.append(src)
+    order = {n: i for i, n in enumerate(kernel.leaves)}
+    ordered_leaves = sorted((v for v in leaves if v in order), key=order.__getitem__)
+    return [n for n in kernel.body if n in body], ordered_leaves + sorted(leaves - set(order))
+
+
+def split_epilogues(
+    kernels: list[Kernel], graph: Graph, layouts: dict[int, Layout], target: Target, keep: set[str]
+) -> tuple[list[Kernel], set[int]]:
+    """Kernels whose single map root reads a fused matmul (a Linear's bias, an activation) as
+    two kernels, the product on its own (so it can be tiled) and the epilogue reading it as a
+    stored texture, where the tiling pays for its two extra draws. `keep`: kernel names left as
+    they are. Returns the new kernel list and the products that became stored values.
+    Guarantee: the same values are computed in the same order; the split product is written
+    before its epilogue reads it."""
+    out: list[Kernel] = []
+    stored: set[int] = set()
+    for k in kernels:
+        loops = [n for n in k.body if get_op(graph.op(n)).kind not in FUSED_ROOT]
+        if k.name in keep or len(k.roots) != 1 or len(loops) != 1 or graph.op(loops[0]) != "matmul":
+            out.append(k)
+            continue
+        (mm,) = loops
+        if get_op(graph.op(k.roots[0])).kind not in FUSED_ROOT:
+            out.append(k)
+            continue
+        mm_body, mm_leaves = _closure(graph, mm, k, None)
+        product = Kernel(f"{k.name}_mm", [mm], mm_body, mm_leaves, "matmul", list(k.origins))
+        if choose_tiling(graph, product, layouts, target, extra_draws=1) is None:
+            out.append(k)
+            continue
+        ep_body, ep_leaves = _closure(graph, k.roots[0], k, mm)
+        out += [product, Kernel(k.name, k.roots, ep_body, ep_leaves, k.template, list(k.origins))]
+        stored.add(mm)
+    return out, stored
 
 
 def _tex(lay: Layout) -> dict[str, Any]:
