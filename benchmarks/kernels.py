@@ -128,10 +128,11 @@ def _reduce_cases() -> list[Case]:
     return [Case(f"sum ({rows}, {n}) over last axis", Sum, (rows, n), float(rows * n), torch_fn)]
 
 
-def time_gl(case: Case, target: str, seconds: float, ctx: Any) -> tuple[float, int]:
-    """Milliseconds per pass of the predict draws, and the number of draws per pass."""
+def time_gl(case: Case, target: str, seconds: float, ctx: Any, **limits: Any) -> tuple[float, int]:
+    """Milliseconds per pass of the predict draws, and the number of draws per pass (`limits`:
+    target limits such as max_draw_buffers, which decide the matmul's block shape)."""
     model = case.model()
-    prog = glcomp.compile(model, {"x": case.x_shape}, target=target)
+    prog = glcomp.compile(model, {"x": case.x_shape}, target=target, **limits)
     rt = prog.runtime("gl", ctx=ctx)
     x = np.random.default_rng(0).standard_normal(case.x_shape).astype(np.float32)
     rt.run("predict", {"x": x}, read=[])  # upload the input and compile (first draw JITs)
@@ -249,6 +250,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0, help="target duration of each timed run")
     ap.add_argument("--json", help="write the rows to this file")
     ap.add_argument("--plain", action="store_true", help="also time a hand-written vec4-dot matmul shader")
+    ap.add_argument(
+        "--draw-buffers", type=int, default=0, help="the target's max_draw_buffers (default: the preset's)"
+    )
     args = ap.parse_args()
 
     sizes = [256, 512, 1024] + ([2048, 4096] if args.large else [])
@@ -273,14 +277,17 @@ def main() -> None:
         pass
 
     target = "webgl1" if args.webgl1 else "webgl2"
-    print(f"GL: {renderer} ({target}); torch: {torch.cuda.get_device_name() if torch else 'not available'}")
+    limits_note = f", max_draw_buffers={args.draw_buffers}" if args.draw_buffers else ""
+    device = torch.cuda.get_device_name() if torch else "not available"
+    print(f"GL: {renderer} ({target}{limits_note}); torch: {device}")
     head = f"{'case':<36} {'draws':>5} {'GL ms':>10} {'GL GFLOP/s':>11}"
     if torch:
         head += f" {'torch ms':>10} {'torch GFLOP/s':>14}"
     print(head)
     rows = []
     for case in cases:
-        ms, ndraws = time_gl(case, target, args.seconds, ctx)
+        limits = {"max_draw_buffers": args.draw_buffers} if args.draw_buffers else {}
+        ms, ndraws = time_gl(case, target, args.seconds, ctx, **limits)
         row: dict[str, Any] = {
             "case": case.name,
             "draws": ndraws,
@@ -307,7 +314,11 @@ def main() -> None:
             rows.append(row)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"renderer": renderer, "target": target, "rows": rows}, f, indent=1)
+            json.dump(
+                {"renderer": renderer, "target": target, "draw_buffers": args.draw_buffers, "rows": rows},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
 from glcomp.codegen.split_wide import split_wide
 from glcomp.codegen.target import Target, make_target
+from glcomp.codegen.tiled import choose_tiling, render_tiled, split_epilogues
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
@@ -313,12 +314,23 @@ def _lower_entry(
     def written(k: Kernel) -> list[int]:
         return [blends.into.get(r, r) for r in k.roots]
 
-    steps = [(written(k), k.leaves) for k in kernels]
+    # Large matmuls run as a register-blocked draw into tiles plus a gather draw (see tiled.py).
+    kernels, products = split_epilogues(kernels, graph, layouts, target, keep=set(blends.blend))
+    stored |= products
+    tiling = {k.name: choose_tiling(graph, k, layouts, target) for k in kernels if k.name not in blends.blend}
+    tilings = {name: t for name, t in tiling.items() if t is not None}
+    steps = []
+    for k in kernels:
+        t = tilings.get(k.name)
+        steps += [(t.tiles, k.leaves), (written(k), t.tiles)] if t else [(written(k), k.leaves)]
     temp_sizes = {
         n: [(layouts[n].width, layouts[n].height)] * layouts[n].pages
         for n in stored
         if n not in state_in and n not in state_out and n not in hypers
     }
+    for t in tilings.values():
+        lay = t.tile_layout(size)
+        temp_sizes |= {tile: [(lay.width, lay.height)] for tile in t.tiles}
     reuse = passes["memplan"]
     temps = plan_memory(steps, temp_sizes, set(readback.values()), pool, reuse)
 
@@ -331,7 +343,37 @@ def _lower_entry(
 
     draws = []
     for kernel in kernels:
-        rendered = renderer.render(kernel, hypers)
+        t = tilings.get(kernel.name)
+        if t is None:
+            parts = [(renderer.render(kernel, hypers), written(kernel), layouts[kernel.roots[0]])]
+        else:
+            block, gather = render_tiled(t, kernel, layouts, target)
+            parts = [(block, t.tiles, t.tile_layout(size)), (gather, written(kernel), layouts[t.node])]
+        draws += _draws(kernel, parts, ref, blends, programs, shaders, by_source)
+    return {
+        "inputs": {name: [ref(n, p) for p in range(layouts[n].pages)] for name, n in data_in.items()},
+        "outputs": {
+            name: {"layout": layouts[n].to_json(), "textures": [ref(n, p) for p in range(layouts[n].pages)]}
+            for name, n in readback.items()
+        },
+        "updates": sorted(set(state_out.values())),
+        "draws": draws,
+    }
+
+
+def _draws(
+    kernel: Kernel,
+    parts: list[tuple[Any, list[int], Layout]],
+    ref: Any,
+    blends: BlendPlan,
+    programs: dict[str, Any],
+    shaders: dict[str, str],
+    by_source: dict[str, str],
+) -> list[dict[str, Any]]:
+    """The draws of one kernel: for each (rendered shader, values written, footprint) part, its
+    program (shared with any kernel of the same canonical source) drawn once per page."""
+    draws = []
+    for rendered, targets, out in parts:
         # Kernels that differ only in node ids (each step of a recurrence) share one program.
         source, renamed, offsets = canonical(rendered.source)
         samplers = [(renamed.get(s, s), n, p) for s, n, p in rendered.samplers]
@@ -344,13 +386,12 @@ def _lower_entry(
                 "fragment": f"{pid}.frag",
                 "samplers": [s for s, _, _ in samplers],
                 "uniforms": [u for u, _ in rendered.uniforms] + list(offsets),
-                "outputs": len(kernel.roots),
+                "outputs": len(targets),
                 # An upper bound of the loop iterations per fragment, by the analysis loaders
                 # check shaders with (they refuse a shader whose loops may run longer).
                 "loop_iterations": shader_loop_bound(source, f"shaders/{pid}.frag"),
             }
         pid = by_source[digest]
-        out = layouts[kernel.roots[0]]
         for page in range(out.pages):
             draws.append(
                 {
@@ -360,20 +401,12 @@ def _lower_entry(
                     "uniforms": {u: {"hyper": h} for u, h in rendered.uniforms}
                     | {u: {"int": v} for u, v in offsets.items()},
                     "page_offset": page * out.page_texels,
-                    "targets": [ref(r, page) for r in written(kernel)],
+                    "targets": [ref(r, page) for r in targets],
                     "blend": kernel.name in blends.blend,
                     "viewport": [out.width, out.height],
                 }
             )
-    return {
-        "inputs": {name: [ref(n, p) for p in range(layouts[n].pages)] for name, n in data_in.items()},
-        "outputs": {
-            name: {"layout": layouts[n].to_json(), "textures": [ref(n, p) for p in range(layouts[n].pages)]}
-            for name, n in readback.items()
-        },
-        "updates": sorted(set(state_out.values())),
-        "draws": draws,
-    }
+    return draws
 
 
 def load_bundle(directory: str | Path) -> Bundle:

@@ -1,0 +1,215 @@
+"""Register-blocked (tiled) matmul kernels against the reference (glcomp/codegen/tiled.py).
+
+The cost model keeps small products on the one-texel kernel, so these tests force tiling (no draw
+or gather cost, one block shape at a time) on small shapes with M, N and K not multiples of the
+block or of 4: rows past M and column texels past the row are clamped, the K % 4 tail runs on real
+components only, components past N stay exactly zero. Both operand forms (x @ W with W stored as
+(K, N), and a Linear's x @ W.T), split loops, texture rows wrapping, the gradients' products, and
+the per-target choice (draw buffers, WebGL 1 keeps today's kernel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import glcomp
+from glcomp import nn
+from glcomp.codegen import tiled
+from glcomp.codegen.bundle import build_bundle, load_bundle
+from glcomp.codegen.layout import layout_for
+from glcomp.codegen.plan import Kernel
+from glcomp.codegen.target import make_target
+from glcomp.ir.graph import Graph
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+class Product(nn.Module):
+    """x @ w (w stored as (K, N)) or, for "linear", x @ w.T (w stored as (N, K))."""
+
+    def __init__(self, k: int, n: int, form: str) -> None:
+        super().__init__()
+        rng = np.random.default_rng(k * 100 + n)
+        self.form = form
+        self.w = nn.Parameter(rng.normal(size=(n, k) if form == "linear" else (k, n)).astype(np.float32))
+
+    def forward(self, x: Any) -> Any:
+        return x @ self.w.T if self.form == "linear" else x @ self.w
+
+
+class SumLoss(nn.Module):
+    def forward(self, out: Any, y: Any) -> Any:
+        return (out * y).sum()
+
+    def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"shape": output_shape, "dtype": "float32"}
+
+
+@pytest.fixture
+def force(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """force((R, C)): tile every eligible matmul with that block shape, whatever its size."""
+
+    def apply(shape: tuple[int, int]) -> None:
+        monkeypatch.setattr(tiled, "SHAPES", (shape,))
+        monkeypatch.setattr(tiled, "DRAW_COST", 0)
+        monkeypatch.setattr(tiled, "GATHER_COST", 0)
+
+    return apply
+
+
+def tiled_shapes(prog: glcomp.Program) -> list[str]:
+    """The block shapes of the bundle's tiled kernels, one entry per block shader."""
+    out = []
+    for src in build_bundle(prog).shaders.values():
+        for line in src.splitlines():
+            if line.startswith("// register-blocked matmul: ") and "gather" not in line:
+                out.append(line.split(": ")[1].split(" output")[0])
+    return out
+
+
+def check(prog: glcomp.Program, gl_runtime: Any, out_shape: tuple[int, ...], seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=prog.inputs["x"].shape).astype(np.float32)
+    y = rng.normal(size=out_shape).astype(np.float32)
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        got = gl.predict(x=x)
+        np.testing.assert_allclose(got, ref.predict(x=x), rtol=RTOL, atol=ATOL)
+        grads, want = gl.gradients(x=x, y=y), ref.gradients(x=x, y=y)
+        for name in want:
+            np.testing.assert_allclose(grads[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "form, shape, m, k, n",
+    [
+        ("stored", (8, 1), 13, 7, 10),  # M % 8, K % 4 = 3, N % 4 = 2
+        ("stored", (4, 2), 11, 9, 37),  # column texels 10: the last pair is half past the row
+        ("stored", (2, 2), 5, 2, 9),  # K < 4: no full step, the tail alone
+        ("linear", (8, 1), 13, 9, 10),
+        ("linear", (4, 2), 6, 22, 37),
+        ("linear", (2, 1), 3, 1, 5),
+    ],
+)
+def test_tiled_matmul_matches_reference(form, shape, m, k, n, force: Any, gl_runtime: Any):
+    force(shape)
+    prog = glcomp.compile(
+        Product(k, n, form), {"x": (m, k)}, loss=SumLoss(), target="webgl2", max_draw_buffers=8
+    )
+    assert f"{shape[0]} x {shape[1]}" in tiled_shapes(prog)
+    check(prog, gl_runtime, (m, n), seed=k)
+
+
+@pytest.mark.parametrize("form", ["stored", "linear"])
+def test_tiled_matmul_split_loop_and_wrapping_rows(form: str, force: Any, gl_runtime: Any):
+    """K = 130: rows of 33 texels in textures 32 or 64 wide (rows wrap); a loop limit of 4 splits
+    the 32 texel steps into nested loops."""
+    force((4, 2))
+    prog = glcomp.compile(
+        Product(130, 9, form),
+        {"x": (7, 130)},
+        loss=SumLoss(),
+        target="webgl2",
+        max_loop_iterations=4,
+        max_draw_buffers=8,
+    )
+    assert tiled_shapes(prog)
+    check(prog, gl_runtime, (7, 9))
+
+
+def test_tiled_bundle_loads_and_trains(force: Any, gl_runtime: Any, tmp_path: Any):
+    """A saved bundle with tiled draws passes the loader's checks and trains like the reference."""
+    force((8, 1))
+    prog = glcomp.compile(
+        Product(12, 20, "linear"),
+        {"x": (17, 12)},
+        loss=SumLoss(),
+        optimizer=glcomp.optim.SGD(lr=0.01),
+        target="webgl2",
+        max_draw_buffers=8,
+    )
+    bundle = load_bundle(build_bundle(prog).save(tmp_path / "b"))
+    assert any(len(d["targets"]) == 8 for d in bundle.manifest["entries"]["predict"]["draws"])
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(17, 12)).astype(np.float32), rng.normal(size=(17, 20)).astype(np.float32)
+    ref = prog.runtime("reference")
+    with gl_runtime(bundle) as gl:
+        for _ in range(2):
+            np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=RTOL)
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=RTOL, atol=ATOL)
+
+
+def test_webgl1_keeps_the_one_texel_kernel(force: Any, gl_runtime: Any):
+    force((2, 1))
+    prog = glcomp.compile(
+        Product(9, 10, "linear"), {"x": (6, 9)}, loss=SumLoss(), target="webgl1", max_draw_buffers=8
+    )
+    assert tiled_shapes(prog) == []
+    check(prog, gl_runtime, (6, 10))
+
+
+def _matmul_kernel(m: int, k: int, n: int) -> tuple[Graph, Kernel, dict[int, Any]]:
+    g = Graph()
+    a = g.add_input("x", (m, k), "data")
+    b = g.add_input("w", (k, n), "param")
+    c = g.add("matmul", (a, b))
+    layouts = {v: layout_for(g.shape(v), 4096) for v in (a, b, c)}
+    return g, Kernel("k0", [c], [], [a, b], "matmul"), layouts
+
+
+@pytest.mark.parametrize(
+    "m, k, n, target, limits, want",
+    [
+        (512, 512, 512, "webgl2", {"max_draw_buffers": 8}, (8, 1)),  # fewest fetches per texel
+        (512, 512, 512, "webgl2", {}, (4, 1)),  # 4 draw buffers: 4 x 1 beats 2 x 2
+        (512, 512, 512, "webgl2", {"max_draw_buffers": 1}, None),
+        (512, 512, 512, "webgl1", {"max_draw_buffers": 8}, None),
+        (64, 128, 64, "webgl2", {"max_draw_buffers": 8}, None),  # an mlp layer: the draw does not pay
+        (64, 784, 32, "webgl2", {"max_draw_buffers": 8}, (8, 1)),  # long K: pays (7.4 -> 0.9 ms, llvmpipe)
+        (8, 8, 8, "webgl2", {}, None),
+    ],
+)
+def test_cost_model_choice(m, k, n, target, limits, want):
+    g, kernel, layouts = _matmul_kernel(m, k, n)
+    t = tiled.choose_tiling(g, kernel, layouts, make_target(target, **limits))
+    assert (None if t is None else (t.R, t.C)) == want
+
+
+class Epilogue(nn.Module):
+    """relu(Linear(x)) or relu(x @ W + b): the product is fused into a bias and activation."""
+
+    def __init__(self, k: int, n: int, form: str) -> None:
+        super().__init__()
+        self.p = Product(k, n, form)
+        self.b = nn.Parameter(np.random.default_rng(n).normal(size=(n,)).astype(np.float32))
+
+    def forward(self, x: Any) -> Any:
+        return (self.p(x) + self.b).relu()
+
+
+@pytest.mark.parametrize("form", ["stored", "linear"])
+def test_tiled_matmul_with_fused_epilogue(form: str, force: Any, gl_runtime: Any):
+    """The bias and activation are split off into a kernel of their own that reads the tiled
+    product; gradients and the SGD update train like the reference."""
+    force((4, 2))
+    prog = glcomp.compile(
+        Epilogue(11, 14, form),
+        {"x": (9, 11)},
+        loss=SumLoss(),
+        optimizer=glcomp.optim.SGD(lr=0.05),
+        target="webgl2",
+        max_draw_buffers=8,
+    )
+    draws = build_bundle(prog).manifest["entries"]["predict"]["draws"]
+    assert [len(d["targets"]) for d in draws] == [8, 1, 1]  # block, gather, epilogue
+    check(prog, gl_runtime, (9, 14), seed=3)
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(9, 11)).astype(np.float32), rng.normal(size=(9, 14)).astype(np.float32)
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        for _ in range(2):
+            np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=RTOL)
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=RTOL, atol=ATOL)
