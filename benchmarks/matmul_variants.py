@@ -9,6 +9,7 @@ textures), "r" (B as (K, N) rows), "kt" (k-major textures A^T, W^T); strided: th
 fragment are M/R apart instead of adjacent. Draws only, timed with ctx.finish(); sizes up to 1024
 are checked against numpy. The H200 numbers are in benchmarks/RESULTS.md.
 """
+# ruff: noqa: N803, N806 (M, N, K, R, C are the matrix and block sizes of the text)
 
 import sys
 import time
@@ -25,7 +26,8 @@ vbo = ctx.buffer(np.array([-1, -1, 3, -1, -1, 3], np.float32).tobytes())
 def shader(M, N, K, R, C, form, strided, unroll):
     K4 = K // 4
     MR, NC = M // R, N // 4 // C  # fragments in y, x
-    lines = ["#version 300 es", "precision highp float;", "precision highp int;", "precision highp sampler2D;"]
+    lines = ["#version 300 es", "precision highp float;", "precision highp int;"]
+    lines += ["precision highp sampler2D;"]
     lines += ["uniform sampler2D A;", "uniform sampler2D B;"]
     for t in range(R * C):
         lines.append(f"layout(location = {t}) out vec4 o{t};")
@@ -54,7 +56,8 @@ def shader(M, N, K, R, C, form, strided, unroll):
                 for e in range(4):
                     lines.append(f"    int tw{c}_{e} = (4 * ct{c} + {e}) * {K4} + {kk};")
                     lines.append(
-                        f"    vec4 w{c}_{e} = texelFetch(B, ivec2(tw{c}_{e} & {wa - 1}, tw{c}_{e} >> {wl}), 0);"
+                        f"    vec4 w{c}_{e} = "
+                        f"texelFetch(B, ivec2(tw{c}_{e} & {wa - 1}, tw{c}_{e} >> {wl}), 0);"
                     )
         if form == "kt":  # k-major textures: A^T (K/4 high, M wide), W^T (K/4 high, N wide)
             for r in range(R):
@@ -152,13 +155,22 @@ def main2():
         w = rng.standard_normal((n, n)).astype(np.float32)
         ref = (a.astype(np.float64) @ w.T.astype(np.float64)) if n <= 1024 else None
         for R, C, form, strided, unroll in [
-            (8, 1, "tg", False, 1), (8, 1, "tg", False, 4), (4, 2, "tg", False, 4),
-            (8, 1, "kt", False, 1), (4, 2, "kt", False, 1), (4, 1, "kt", False, 1), (8, 1, "kt", True, 1),
-            (2, 4, "kt", False, 1), (8, 1, "kt", False, 4),
+            (8, 1, "tg", False, 1),
+            (8, 1, "tg", False, 4),
+            (4, 2, "tg", False, 4),
+            (8, 1, "kt", False, 1),
+            (4, 2, "kt", False, 1),
+            (4, 1, "kt", False, 1),
+            (8, 1, "kt", True, 1),
+            (2, 4, "kt", False, 1),
+            (8, 1, "kt", False, 4),
         ]:
             ms, err = run(n, n, n, R, C, form, strided, unroll, a, w, ref)
-            print(f"n={n} R={R} C={C} form={form} strided={int(strided)} unroll={unroll}: "
-                  f"{ms:.3f} ms {2 * n**3 / ms / 1e9:.3f} TFLOP/s err={err}", flush=True)
+            print(
+                f"n={n} R={R} C={C} form={form} strided={int(strided)} unroll={unroll}: "
+                f"{ms:.3f} ms {2 * n**3 / ms / 1e9:.3f} TFLOP/s err={err}",
+                flush=True,
+            )
 
 
 def main():
@@ -185,7 +197,7 @@ def main():
             ref = ref_r if form == "r" else ref_t
             try:
                 ms, err = run(n, n, n, R, C, form, strided, unroll, a, w, ref)
-            except Exception as ex:  # noqa: BLE001
+            except Exception as ex:
                 print("FAIL", n, R, C, form, strided, unroll, ex, flush=True)
                 continue
             tf = 2 * n**3 / ms / 1e9
@@ -198,10 +210,17 @@ def main():
     # interleave cost: copy 8 targets into one texture
     n = 4096
     R, C = 8, 1
-    src = ["#version 300 es", "precision highp float;", "precision highp int;", "precision highp sampler2D;"]
+    src = ["#version 300 es", "precision highp float;", "precision highp int;"]
+    src += ["precision highp sampler2D;"]
     src += [f"uniform sampler2D t{i};" for i in range(8)]
-    src += ["out vec4 o;", "void main() {", "  ivec2 p = ivec2(gl_FragCoord.xy);", "  int r = p.y & 7;",
-            "  ivec2 q = ivec2(p.x, p.y >> 3);", "  vec4 v = texelFetch(t0, q, 0);"]
+    src += [
+        "out vec4 o;",
+        "void main() {",
+        "  ivec2 p = ivec2(gl_FragCoord.xy);",
+        "  int r = p.y & 7;",
+        "  ivec2 q = ivec2(p.x, p.y >> 3);",
+        "  vec4 v = texelFetch(t0, q, 0);",
+    ]
     src += [f"  if (r == {i}) v = texelFetch(t{i}, q, 0);" for i in range(1, 8)]
     src += ["  o = v;", "}"]
     prog = ctx.program(vertex_shader=VERT, fragment_shader="\n".join(src) + "\n")
@@ -237,7 +256,7 @@ def main():
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) / 20 * 1e3
             print(f"torch n={n}: {ms:.3f} ms {2 * n**3 / ms / 1e9:.2f} TFLOP/s", flush=True)
-    except Exception as ex:  # noqa: BLE001
+    except Exception as ex:
         print("torch failed", ex)
 
 
