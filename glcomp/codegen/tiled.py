@@ -87,13 +87,14 @@ def choose_tiling(
     if target.webgl1 or target.max_draw_buffers < 2 or len(kernel.roots) != 1:
         return None
     (n,) = kernel.roots
-    if graph.op(n) != "matmul" or layouts[n].pages != 1:
+    if get_op(graph.op(n)).kind != "matmul" or layouts[n].pages != 1:
         return None
     a, b = graph.operands(n)
     form = "b"
     if kernel.body:
         # Only the transpose of a stored W may be fused (x @ W.T of a Linear layer).
-        if kernel.body != [b] or graph.op(b) != "permute" or tuple(graph.attrs(b)["perm"]) != (1, 0):
+        view = get_op(graph.op(b)).view
+        if kernel.body != [b] or view is None or view(graph.attrs(b)) != "transpose":
             return None
         b, form = graph.operands(b)[0], "w"
     if not (_stored(a, kernel, layouts) and _stored(b, kernel, layouts)):
@@ -148,7 +149,8 @@ def split_epilogues(
     stored: set[int] = set()
     for k in kernels:
         loops = [n for n in k.body if get_op(graph.op(n)).kind not in FUSED_ROOT]
-        if k.name in keep or len(k.roots) != 1 or len(loops) != 1 or graph.op(loops[0]) != "matmul":
+        lone = len(loops) == 1 and get_op(graph.op(loops[0])).kind == "matmul"
+        if k.name in keep or len(k.roots) != 1 or not lone:
             out.append(k)
             continue
         (mm,) = loops
@@ -156,7 +158,8 @@ def split_epilogues(
             out.append(k)
             continue
         mm_body, mm_leaves = _closure(graph, mm, k, None)
-        product = Kernel(f"{k.name}_mm", [mm], mm_body, mm_leaves, "matmul", list(k.origins))
+        template = get_op(graph.op(mm)).template
+        product = Kernel(f"{k.name}_mm", [mm], mm_body, mm_leaves, template, list(k.origins))
         if choose_tiling(graph, product, layouts, target, extra_draws=1) is None:
             out.append(k)
             continue
