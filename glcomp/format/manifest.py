@@ -264,3 +264,16 @@ def _cross_check(
         shaders = {m["vertex_shader"]} | {p["fragment"] for p in programs.values()}
         for path in [WEIGHTS_FILE] + [f"shaders/{n}" for n in sorted(shaders)]:
             c.need(path in m["files"], f"files: no sha256 for {path}")
+
+
+def js_module() -> str:
+    """The browser runtime's copy of the schema, glcomp/runtime/js/manifest_schema.js: an ES
+    module whose default export is manifest.schema.json's value (tests check the two agree)."""
+    body = json.dumps(manifest_schema(), indent=2, ensure_ascii=True)
+    return (
+        "// The manifest's JSON Schema for the browser runtime, generated from\n"
+        "// glcomp/format/manifest.schema.json by `python3 -m glcomp.format > "
+        "glcomp/runtime/js/manifest_schema.js`.\n"
+        "// Do not edit: change the JSON and regenerate (a test checks that both agree).\n"
+        f"export default {body};\n"
+    )
