@@ -23,13 +23,20 @@ const STATE_NAME_RE = /^(?:[^\p{C}\p{Z}]|[ \t\n\r]){1,500}$/u;
 /** Whether `name` is a valid state name (schema format "state-name"). */
 export const stateNameOk = (name) => typeof name === "string" && STATE_NAME_RE.test(name);
 
-/** `v` for a message, cut short: strings quoted as 'x', anything else as JSON. */
+// JSON as Python's json.dumps writes it (", " and ": " between items), for messages alike in both.
+function pyJson(v) {
+  if (Array.isArray(v)) return `[${v.map(pyJson).join(", ")}]`;
+  if (isObj(v)) return `{${Object.entries(v).map(([k, x]) => `${JSON.stringify(k)}: ${pyJson(x)}`).join(", ")}}`;
+  return JSON.stringify(v) ?? "null";
+}
+
+/** `v` for a message, cut short: strings quoted as 'x', anything else as JSON (a missing value
+ *  is null). */
 export function short(v) {
   let text;
-  if (v === undefined) text = "None";
-  else if (typeof v === "string") text = `'${v}'`;
+  if (typeof v === "string") text = `'${v}'`;
   else {
-    try { text = JSON.stringify(v); } catch { text = typeof v; }
+    try { text = pyJson(v); } catch { text = typeof v; }
   }
   return text.length <= 80 ? text : `${text.slice(0, 77)}...`;
 }
