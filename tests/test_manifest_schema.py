@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_browser import _js, browser, page, site  # noqa: F401  (the Chromium fixtures)
+from test_browser import _get, _js, browser, page, site  # noqa: F401  (the Chromium fixtures)
 
 import glcomp
 from glcomp import nn, optim
@@ -25,6 +25,7 @@ from glcomp.format.jsonschema import KEYWORDS, Validator, check_keywords
 from glcomp.format.manifest import js_module
 from glcomp.ir.graph import DTYPES
 from glcomp.program import ENTRY_POINTS
+from glcomp.serve import make_server
 
 JS_DIR = Path(glcomp.__file__).parent / "runtime" / "js"
 
@@ -66,6 +67,34 @@ def test_validator_messages_name_the_field() -> None:
         small.validate({"a": [1, True]})
     with pytest.raises(GlcompError, match=r"^bundle manifest\.json: manifest must be an object, got \[\]$"):
         v.validate([])
+
+
+def test_the_browser_modules_are_served_and_import_only_each_other(tmp_path: Path) -> None:
+    """glcomp serve hands out every module of the browser runtime, and the modules import only
+    modules that exist beside them (so '/glcomp.js' loads whole)."""
+    import threading
+
+    modules = sorted(p.name for p in JS_DIR.glob("*.js"))
+    assert {"glcomp.js", "manifest.js", "manifest_schema.js", "schema.js", "io.js", "runtime.js"} <= set(
+        modules
+    )
+    for name in modules:
+        for target in re.findall(
+            r'^(?:import|export)[^;]*? from "([^"]+)";', (JS_DIR / name).read_text(), re.M | re.S
+        ):
+            assert target.startswith("./") and target[2:] in modules, (name, target)
+    (tmp_path / "b").mkdir()
+    server = make_server(tmp_path / "b")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        for name in modules:
+            status, body, kind = _get(server.server_address[1], f"/{name}")
+            assert (status, kind) == (200, "text/javascript; charset=utf-8"), name
+            assert body == (JS_DIR / name).read_bytes()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # -- manifests the compiler writes --------------------------------------------------------------------

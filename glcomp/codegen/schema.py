@@ -9,7 +9,8 @@ allocated: the textures' total size (a budget, 2 GiB by default), no texture unu
 shader loop of the compiler's constant-bounded form, with the iterations per draw within a
 budget. Any fault raises GlcompError naming the file and the field at fault, and nothing else
 (JSON nesting, sizes and counts are bounded too). glcomp.js's loader accepts and rejects the same
-bundles.
+bundles. The manifest itself is validated by glcomp.format (its JSON Schema and cross-checks),
+whose names this module re-exports.
 program.json (the IR graphs) is read here as JSON and checked by `Program.from_bundle`.
 """
 
