@@ -260,7 +260,7 @@ def _cross_check(
     unused = sorted(set(textures) - used)
     c.need(not unused, f"textures {short(unused)} are used by no state, input, output or draw")
     if m["version"] >= 2 or "files" in m:
-        c.need("files" in m, "missing fields ['files'] (format version 2 records the sha256 of every file)")
+        c.need("files" in m, "files must be an object of sha256 digests (format version 2 has one per file)")
         shaders = {m["vertex_shader"]} | {p["fragment"] for p in programs.values()}
         for path in [WEIGHTS_FILE] + [f"shaders/{n}" for n in sorted(shaders)]:
             c.need(path in m["files"], f"files: no sha256 for {path}")

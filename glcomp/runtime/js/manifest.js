@@ -168,7 +168,7 @@ export function validateManifest(m, shaderNames, options = {}) {
   const unused = Object.keys(textures).filter((t) => !used.has(t)).sort();
   c.need(!unused.length, `textures ${short(unused)} are used by no state, input, output or draw`);
   if (m.version >= 2 || "files" in m) {
-    c.need("files" in m, "missing fields ['files'] (format version 2 records the sha256 of every file)");
+    c.need("files" in m, "files must be an object of sha256 digests (format version 2 has one per file)");
     const wanted = new Set([m.vertex_shader, ...Object.values(programs).map((p) => p.fragment)]);
     for (const path of [WEIGHTS_FILE, ...[...wanted].sort().map((n) => `shaders/${n}`)]) {
       c.need(Object.hasOwn(m.files, path), `files: no sha256 for ${path}`);
