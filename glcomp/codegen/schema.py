@@ -52,7 +52,6 @@ _SHADER = re.compile(r"[A-Za-z0-9_]{1,64}\.(frag|vert)")
 
 
 BUNDLE_ENTRIES = ("manifest.json", "weights.safetensors", PROGRAM_FILE, "shaders")
-_HEX = re.compile(r"[0-9a-f]{64}")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
 _ACTIVE: set[str] = set()  # temporaries of saves running in this process
 _ACTIVE_LOCK = threading.Lock()
