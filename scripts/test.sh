@@ -7,5 +7,8 @@ bash scripts/install.sh
 python3 -m pip install -q --disable-pip-version-check torch==2.13.0
 python3 -m ruff check glcomp tests examples benchmarks
 python3 -m ruff format --check glcomp tests examples benchmarks
+# The browser runtime's lint: ESLint pinned in package.json / package-lock.json (eslint.config.js).
+npm ci --no-audit --no-fund --loglevel=error
+npx --no-install eslint glcomp/runtime/js benchmarks/peers/*.js
 # Tests run on every core (pytest-xdist); `--slow` runs the fuzzers with their large budget.
 python3 -m pytest -q -p no:cacheprovider -n auto "$@"

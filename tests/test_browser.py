@@ -354,12 +354,15 @@ MANIFEST_TAMPERS = {
     "texture-size": (_mutate_texture_size, "must be a power of two"),
     "state-texture": (_mutate_state_texture, "refers to unknown texture"),
     "layout": (_mutate_layout, "texels is wrong"),
-    "uniform-name": (_mutate_uniform_name, "bad uniform name"),
+    "uniform-name": (_mutate_uniform_name, "must match ^[a-z][a-z0-9_]{0,40}$, got 'Bad-Name'"),
     "shader-path": (_mutate_shader_path, "is not a plain file name"),
     "program-ref": (lambda m: _first_draw(m).update(program="nope"), "unknown program"),
     "blend": (lambda m: _first_draw(m).update(blend="yes"), "blend must be a boolean"),
     "viewport": (lambda m: _first_draw(m).update(viewport=[1, 1]), "must all match the viewport"),
-    "entry": (lambda m: m["entries"].update(evaluate=m["entries"]["predict"]), "unknown entry points"),
+    "entry": (
+        lambda m: m["entries"].update(evaluate=m["entries"]["predict"]),
+        "entries: unknown fields ['evaluate']",
+    ),
 }
 
 

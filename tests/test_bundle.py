@@ -430,7 +430,6 @@ def test_loading_never_executes_anything(bundle_dir: Path, tmp_path: Path, monke
     for e in m["entries"].values():
         for d in e["draws"]:
             d["kernel"] = payload
-    m["memory"]["note"] = payload
     write_manifest(bundle_dir, m)
 
     def refuse(*args: Any, **kwargs: Any) -> Any:

@@ -9,7 +9,8 @@ allocated: the textures' total size (a budget, 2 GiB by default), no texture unu
 shader loop of the compiler's constant-bounded form, with the iterations per draw within a
 budget. Any fault raises GlcompError naming the file and the field at fault, and nothing else
 (JSON nesting, sizes and counts are bounded too). glcomp.js's loader accepts and rejects the same
-bundles.
+bundles. The manifest itself is validated by glcomp.format (its JSON Schema and cross-checks),
+whose names this module re-exports.
 program.json (the IR graphs) is read here as JSON and checked by `Program.from_bundle`.
 """
 
@@ -30,39 +31,30 @@ from typing import Any
 
 import numpy as np
 
-from glcomp.codegen.programs import MAX_OFFSET
 from glcomp.errors import GlcompError
+from glcomp.format.jsonschema import short as _short
+from glcomp.format.jsonschema import state_name_ok
+from glcomp.format.manifest import (  # noqa: F401  (the format's names, as this module always offered them)
+    DEFAULT_LOOP_BUDGET,
+    DEFAULT_TEXTURE_BUDGET,
+    FORMAT,
+    PROGRAM_FILE,
+    TEXEL_BYTES,
+    VERSIONS,
+    texel_bytes,
+    texture_bytes,
+    texture_format,
+    validate_manifest,
+)
 
-FORMAT = "glcomp-bundle"
-VERSIONS = (1, 2)  # 2 adds `files` (sha256 of each file) and program.json
 FILES = ("manifest.json", "weights.safetensors")
-_NAME = re.compile(r"[A-Za-z0-9_.#-]{1,200}")  # always used with fullmatch
 _SHADER = re.compile(r"[A-Za-z0-9_]{1,64}\.(frag|vert)")
-_UNIFORM = re.compile(r"[a-z][a-z0-9_]{0,40}")
-ENTRY_POINTS = ("predict", "gradients", "train_step")
-MAX_SIDE = 1 << 16
-# Texel formats a texture record may name in "format" (absent: "f32"), and their sizes in bytes.
-TEXEL_BYTES = {"f32": 16, "f16": 8}
-TEXTURE_KEYS = ("format", "height", "width")
 
 
-PROGRAM_FILE = "program.json"
 BUNDLE_ENTRIES = ("manifest.json", "weights.safetensors", PROGRAM_FILE, "shaders")
-_HEX = re.compile(r"[0-9a-f]{64}")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
 _ACTIVE: set[str] = set()  # temporaries of saves running in this process
 _ACTIVE_LOCK = threading.Lock()
-
-
-def state_name_ok(name: Any) -> bool:
-    """State names (parameters, buffers, optimizer state, counters) are torch names and may hold
-    any printable character, spaces, tabs and newlines: they live only in JSON and the weights
-    file, never in file paths or GLSL."""
-    return (
-        isinstance(name, str)
-        and 0 < len(name) <= 500
-        and all(ch.isprintable() or ch in "\t\n\r" for ch in name)
-    )
 
 
 def sha256(data: bytes) -> str:
@@ -260,393 +252,12 @@ def _swap_into_place(tmp: Path, directory: Path) -> None:
     raise GlcompError(f"{directory}: could not put the bundle in place (other saves kept replacing it)")
 
 
-DEFAULT_TEXTURE_BUDGET = 2 << 30  # bytes of RGBA32F textures a bundle may declare (2 GiB)
-DEFAULT_LOOP_BUDGET = 1 << 32  # loop iterations one draw may run (bound per fragment x fragments)
-MAX_INT = 1 << 40
 MAX_DIMS = 32  # of a tensor's shape (numpy's limit)
 MAX_PROGRAMS = 4096
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_str_in(v: Any, allowed: Any) -> bool:
-    return isinstance(v, str) and v in allowed
-
-
-class _Check:
-    """Collects the context of a failing field so the message says where it is."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def fail(self, msg: str) -> GlcompError:
-        return GlcompError(f"bundle {self.where}: {msg}")
-
-    def need(self, cond: bool, msg: str) -> None:
-        if not cond:
-            raise self.fail(msg)
-
-    def dict(self, obj: Any, field: str) -> dict[str, Any]:
-        self.need(isinstance(obj, dict), f"{field} must be an object")
-        return obj
-
-    def list(self, obj: Any, field: str) -> list[Any]:
-        self.need(isinstance(obj, list), f"{field} must be a list")
-        return obj
-
-    def int(self, obj: Any, field: str, lo: int = 0, hi: int = MAX_INT) -> int:
-        self.need(
-            _is_int(obj) and lo <= obj <= hi, f"{field} must be an integer in [{lo}, {hi}], got {_short(obj)}"
-        )
-        return obj
-
-    def name(self, obj: Any, field: str) -> str:
-        self.need(
-            isinstance(obj, str) and bool(_NAME.fullmatch(obj)), f"{field} has an invalid name {_short(obj)}"
-        )
-        return obj
-
-    def state_name(self, obj: Any, field: str) -> str:
-        self.need(state_name_ok(obj), f"{field} has an invalid name {_short(obj)}")
-        return obj
-
-
-def _short(v: Any) -> str:
-    """repr of `v`, cut short (a hostile manifest may hold huge or deeply nested values)."""
-    try:
-        text = json.dumps(v) if not isinstance(v, str) else repr(v)
-    except (ValueError, TypeError, RecursionError):
-        text = type(v).__name__
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-LAYOUT_KEYS = ("height", "pages", "row_len", "row_texels", "rows", "shape", "texels", "width")
-
-
-def check_layout(c: _Check, lay: Any, field: str, shape: Any = None) -> dict[str, Any]:
-    lay = c.dict(lay, field)
-    c.need(sorted(lay) == list(LAYOUT_KEYS), f"{field} must have exactly the keys {list(LAYOUT_KEYS)}")
-    c.need(
-        isinstance(lay["shape"], list)
-        and len(lay["shape"]) <= MAX_DIMS
-        and all(_is_int(s) and s >= 0 for s in lay["shape"]),
-        f"{field}.shape must be a list of at most {MAX_DIMS} sizes",
-    )
-    if shape is not None:
-        c.need(
-            isinstance(shape, list) and shape == lay["shape"],
-            f"{field}.shape {lay['shape']} != {_short(shape)}",
-        )
-    for k in LAYOUT_KEYS:
-        if k != "shape":
-            c.int(lay[k], f"{field}.{k}", 0 if k in ("rows", "row_len") else 1, MAX_INT)
-    shape = lay["shape"]
-    rows = math.prod(shape[:-1]) if shape else 1
-    row_len = shape[-1] if shape else 1
-    c.need(lay["rows"] == rows and lay["row_len"] == row_len, f"{field} rows/row_len disagree with shape")
-    c.need(lay["row_texels"] == max(1, -(-row_len // 4)), f"{field}.row_texels is wrong")
-    c.need(lay["texels"] == max(1, rows * lay["row_texels"]), f"{field}.texels is wrong")
-    for side in ("width", "height"):
-        v = lay[side]
-        c.need(v <= MAX_SIDE and v & (v - 1) == 0, f"{field}.{side} must be a power of two <= {MAX_SIDE}")
-    c.need(lay["width"] * lay["height"] * lay["pages"] >= lay["texels"], f"{field} pages too small")
-    return lay
-
-
-def texture_bytes(manifest: dict[str, Any]) -> int:
-    """Bytes of GPU memory the (validated) manifest's textures take (RGBA32F 16 a texel, RGBA16F 8)."""
-    return sum(texel_bytes(t) * t["width"] * t["height"] for t in manifest["textures"].values())
-
-
-def texture_format(tex: dict[str, Any]) -> str:
-    """A (validated) texture record's texel format: "f32" (RGBA32F) or "f16" (RGBA16F)."""
-    return str(tex.get("format", "f32"))
-
-
-def texel_bytes(tex: dict[str, Any]) -> int:
-    return TEXEL_BYTES[texture_format(tex)]
-
-
-def validate_manifest(
-    m: Any,
-    shader_names: set[str],
-    *,
-    texture_budget_bytes: int = DEFAULT_TEXTURE_BUDGET,
-    loop_budget: int = DEFAULT_LOOP_BUDGET,
-) -> None:
-    """Raise GlcompError for anything in a manifest that does not fit the schema; never raises
-    anything else, whatever `m` holds. The browser runtime's validateManifest accepts and rejects
-    exactly the same manifests. Beyond the structure it checks resources before anything is
-    allocated: the textures' total size (16 bytes a texel, 8 for ``"format": "f16"``) is at most
-    `texture_budget_bytes`,
-    every texture is used by a state, an entry's inputs or outputs, or a draw, and every draw's
-    declared loop iterations (its program's ``loop_iterations`` per fragment times the viewport's
-    fragments) are at most `loop_budget`."""
-    c = _Check("manifest.json")
-    m = c.dict(m, "manifest")
-    c.need(m.get("format") == FORMAT, f"format must be {FORMAT!r}, got {_short(m.get('format'))}")
-    version = m.get("version")
-    c.need(
-        _is_int(version) and version in VERSIONS,
-        f"unknown format version {_short(version)} (supported: {VERSIONS})",
-    )
-    required = {
-        "target",
-        "inputs",
-        "hyper",
-        "states",
-        "counters",
-        "textures",
-        "vertex_shader",
-        "programs",
-        "entries",
-        "memory",
-    }
-    missing = required - set(m)
-    c.need(not missing, f"missing fields {sorted(missing)}")
-    target = c.dict(m["target"], "target")
-    c.need(
-        _is_str_in(target.get("glsl_version"), ("300 es", "100")),
-        "target.glsl_version must be '300 es' or '100'",
-    )
-    max_size = c.int(target.get("max_texture_size"), "target.max_texture_size", 1, MAX_SIDE)
-
-    textures = c.dict(m["textures"], "textures")
-    total = 0
-    for name, tex in textures.items():
-        c.name(name, "texture")
-        tex = c.dict(tex, f"textures.{name}")
-        extra = sorted(set(tex) - set(TEXTURE_KEYS), key=str)
-        c.need(not extra, f"textures.{name}: unknown fields {_short(extra)} (known: {list(TEXTURE_KEYS)})")
-        for side in ("width", "height"):
-            v = c.int(tex.get(side), f"textures.{name}.{side}", 1, max_size)
-            c.need(v & (v - 1) == 0, f"textures.{name}.{side} must be a power of two")
-        c.need(
-            "format" not in tex or _is_str_in(tex["format"], TEXEL_BYTES),
-            f"textures.{name}.format must be one of {list(TEXEL_BYTES)}, got {_short(tex.get('format'))}",
-        )
-        total += texel_bytes(tex) * tex["width"] * tex["height"]
-    c.need(
-        total <= texture_budget_bytes,
-        f"the textures take {total} bytes, more than the budget of {texture_budget_bytes} bytes",
-    )
-    used: set[str] = set()
-
-    states = c.dict(m["states"], "states")
-    owner: dict[str, str] = {}
-    for name, st in states.items():
-        c.state_name(name, "state")
-        st = c.dict(st, f"states.{name}")
-        lay = check_layout(c, st.get("layout"), f"states.{name}.layout")
-        c.need(
-            _is_str_in(st.get("role"), ("param", "buffer", "state")),
-            f"states.{name}.role must be 'param', 'buffer' or 'state'",
-        )
-        sets = st.get("textures")
-        c.need(isinstance(sets, list) and len(sets) == 2, f"states.{name}.textures must hold two sets")
-        for group in sets:
-            c.need(
-                isinstance(group, list) and len(group) == lay["pages"],
-                f"states.{name}.textures: one texture per page expected",
-            )
-            for t in group:
-                c.need(_is_str_in(t, textures), f"states.{name} refers to unknown texture {_short(t)}")
-                c.need(
-                    (textures[t]["width"], textures[t]["height"]) == (lay["width"], lay["height"]),
-                    f"states.{name}: texture {t!r} has the wrong size",
-                )
-                c.need(
-                    texture_format(textures[t]) == "f32",
-                    f"states.{name}: texture {t!r} must be f32 (states are kept in float32)",
-                )
-                c.need(
-                    t not in owner, f"states.{name}: texture {t!r} is used twice by the state texture sets"
-                )
-                owner[t] = name
-    used |= set(owner)
-    inputs = c.dict(m["inputs"], "inputs")
-    for name, spec in inputs.items():
-        c.name(name, "input")
-        spec = c.dict(spec, f"inputs.{name}")
-        c.need(isinstance(spec.get("shape"), list), f"inputs.{name}.shape must be a list of sizes")
-        check_layout(c, spec.get("layout"), f"inputs.{name}.layout", spec["shape"])
-        if spec.get("num_classes") is not None:
-            c.int(spec["num_classes"], f"inputs.{name}.num_classes", 1)
-    hyper = c.dict(m["hyper"], "hyper")
-    for name, value in hyper.items():
-        c.name(name, "hyper")
-        c.need(
-            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
-            f"hyper.{name} must be a number",
-        )
-    counters = c.dict(m["counters"], "counters")
-    for name, value in counters.items():
-        c.state_name(name, "counter")
-        c.int(value, f"counters.{name}", 0)
-        c.need(name not in states, f"counters.{name} has the name of a state")
-    c.need(
-        _is_str_in(m["vertex_shader"], shader_names), f"vertex shader {_short(m['vertex_shader'])} is missing"
-    )
-    programs = c.dict(m["programs"], "programs")
-    for pid, prog in programs.items():
-        c.name(pid, "program")
-        prog = c.dict(prog, f"programs.{pid}")
-        c.need(
-            _is_str_in(prog.get("fragment"), shader_names),
-            f"programs.{pid}: shader {_short(prog.get('fragment'))} is missing",
-        )
-        for key in ("samplers", "uniforms"):
-            c.list(prog.get(key), f"programs.{pid}.{key}")
-        names = prog["samplers"] + prog["uniforms"]
-        for s in names:
-            c.need(
-                isinstance(s, str) and _UNIFORM.fullmatch(s) is not None,
-                f"programs.{pid}: bad uniform name {_short(s)}",
-            )
-        c.need(len(set(names)) == len(names), f"programs.{pid}: a uniform name appears twice")
-        c.int(prog.get("outputs"), f"programs.{pid}.outputs", 1, 16)
-        c.int(prog.get("loop_iterations"), f"programs.{pid}.loop_iterations", 0, MAX_INT)
-
-    def check_ref(ref: Any, field: str) -> tuple[int, int]:
-        if isinstance(ref, str):
-            c.need(ref in textures, f"{field} refers to unknown texture {ref!r}")
-            # Which set of a state is current flips every update: only a state reference says.
-            c.need(ref not in owner, f"{field} names state texture {ref!r} directly")
-            used.add(ref)
-            return textures[ref]["width"], textures[ref]["height"]
-        ref = c.dict(ref, field)
-        c.need(
-            _is_str_in(ref.get("state"), states),
-            f"{field} refers to unknown state {_short(ref.get('state'))}",
-        )
-        c.need(_is_str_in(ref.get("version"), ("cur", "next")), f"{field}.version must be 'cur' or 'next'")
-        lay = states[ref["state"]]["layout"]
-        c.int(ref.get("page"), f"{field}.page", 0, lay["pages"] - 1)
-        c.need(
-            sorted(ref) == ["page", "state", "version"],
-            f"{field} must have exactly the keys ['page', 'state', 'version']",
-        )
-        return lay["width"], lay["height"]
-
-    def ref_key(r: Any) -> str:
-        return json.dumps(r) if isinstance(r, str) else json.dumps([r["page"], r["state"], r["version"]])
-
-    entries = c.dict(m["entries"], "entries")
-    c.need(set(entries) <= set(ENTRY_POINTS), f"unknown entry points {sorted(entries)}")
-    for entry, e in entries.items():
-        e = c.dict(e, f"entries.{entry}")
-        for name, refs in c.dict(e.get("inputs"), f"entries.{entry}.inputs").items():
-            c.need(name in inputs, f"entries.{entry}: unknown input {name!r}")
-            lay = inputs[name]["layout"]
-            c.need(
-                isinstance(refs, list) and len(refs) == lay["pages"],
-                f"entries.{entry}.inputs.{name}: one texture per page expected",
-            )
-            for r in refs:
-                size = check_ref(r, f"entries.{entry}.inputs.{name}")
-                want = (lay["width"], lay["height"])
-                c.need(
-                    size == want,
-                    f"entries.{entry}.inputs.{name}: a texture's size is not {want}",
-                )
-                c.need(
-                    not isinstance(r, str) or texture_format(textures[r]) == "f32",
-                    f"entries.{entry}.inputs.{name}: input texture {r!r} must be f32",
-                )
-        for name, out in c.dict(e.get("outputs"), f"entries.{entry}.outputs").items():
-            c.state_name(name, f"entries.{entry}.outputs")
-            out = c.dict(out, f"entries.{entry}.outputs.{name}")
-            lay = check_layout(c, out.get("layout"), f"entries.{entry}.outputs.{name}.layout")
-            c.need(
-                isinstance(out.get("textures"), list) and len(out["textures"]) == lay["pages"],
-                f"entries.{entry}.outputs.{name}: one texture per page expected",
-            )
-            for r in out["textures"]:
-                size = check_ref(r, f"entries.{entry}.outputs.{name}")
-                want = (lay["width"], lay["height"])
-                c.need(
-                    size == want,
-                    f"entries.{entry}.outputs.{name}: a texture's size is not {want}",
-                )
-        updates = c.list(e.get("updates", []), f"entries.{entry}.updates")
-        for name in updates:
-            c.need(_is_str_in(name, states), f"entries.{entry}.updates: unknown state {_short(name)}")
-        draws = c.list(e.get("draws"), f"entries.{entry}.draws")
-        for i, d in enumerate(draws):
-            field = f"entries.{entry}.draws[{i}]"
-            d = c.dict(d, field)
-            prog = programs[d["program"]] if _is_str_in(d.get("program"), programs) else None
-            c.need(prog is not None, f"{field} refers to unknown program {_short(d.get('program'))}")
-            samplers = c.dict(d.get("samplers"), f"{field}.samplers")
-            c.need(
-                sorted(samplers) == sorted(prog["samplers"]), f"{field}: samplers do not match the program"
-            )
-            for s, r in samplers.items():
-                check_ref(r, f"{field}.samplers.{s}")
-            uniforms = c.dict(d.get("uniforms"), f"{field}.uniforms")
-            c.need(
-                sorted(uniforms) == sorted(prog["uniforms"]), f"{field}: uniforms do not match the program"
-            )
-            for u, src in uniforms.items():
-                c.need(
-                    isinstance(src, dict)
-                    and (
-                        (list(src) == ["hyper"] and _is_str_in(src["hyper"], hyper))
-                        or (list(src) == ["int"] and _is_int(src["int"]) and abs(src["int"]) <= MAX_OFFSET)
-                    ),
-                    f"{field}.uniforms.{u} must name a hyper-parameter or hold an integer offset",
-                )
-            targets = d.get("targets")
-            c.need(
-                isinstance(targets, list) and len(targets) == prog["outputs"],
-                f"{field}: one target per program output expected",
-            )
-            sizes = {check_ref(r, f"{field}.targets") for r in targets}
-            formats = {texture_format(textures[r]) if isinstance(r, str) else "f32" for r in targets}
-            c.need(
-                len(formats) == 1, f"{field}: render targets must all have one format, got {sorted(formats)}"
-            )
-            vp = d.get("viewport")
-            c.need(
-                isinstance(vp, list) and len(vp) == 2 and all(_is_int(v) for v in vp),
-                f"{field}.viewport must be [width, height]",
-            )
-            c.need(sizes == {tuple(vp)}, f"{field}: render targets must all match the viewport size")
-            read = {ref_key(r) for r in samplers.values()}
-            c.need(not any(ref_key(r) in read for r in targets), f"{field} samples a texture it renders to")
-            c.need(
-                len({ref_key(r) for r in targets}) == len(targets), f"{field} renders to one texture twice"
-            )
-            c.int(d.get("page_offset"), f"{field}.page_offset", 0)
-            blend = d.get("blend", False)
-            c.need(blend is True or blend is False, f"{field}.blend must be a boolean")
-            c.need("kernel" not in d or isinstance(d["kernel"], str), f"{field}.kernel must be a string")
-            work = prog["loop_iterations"] * vp[0] * vp[1]
-            c.need(
-                work <= loop_budget,
-                f"{field} may run {work} loop iterations ({prog['loop_iterations']} per fragment), more "
-                f"than the budget of {loop_budget} per draw",
-            )
-    unused = sorted(set(textures) - used)
-    c.need(not unused, f"textures {_short(unused)} are used by no state, input, output or draw")
-    if version >= 2 or "files" in m:
-        hashes = c.dict(m.get("files"), "files")
-        for path, digest in hashes.items():
-            folder, _, base = path.rpartition("/")
-            c.need(
-                path in ("weights.safetensors", PROGRAM_FILE)
-                or (folder == "shaders" and bool(_SHADER.fullmatch(base))),
-                f"files: unexpected file {path!r}",
-            )
-            c.need(
-                isinstance(digest, str) and bool(_HEX.fullmatch(digest)),
-                f"files.{path}: not a sha256 hex digest",
-            )
-        shaders = {m["vertex_shader"]} | {p["fragment"] for p in programs.values()}
-        for path in ["weights.safetensors"] + [f"shaders/{n}" for n in sorted(shaders)]:
-            c.need(path in hashes, f"files: no sha256 for {path}")
 
 
 # -- loops in shaders: every one constant-bounded, with an upper bound of iterations ---------------

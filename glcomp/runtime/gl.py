@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from glcomp.codegen.schema import texel_bytes, texture_format
 from glcomp.errors import GlcompError
+from glcomp.format import texel_bytes, texture_format
 from glcomp.runtime.feeds import (
     check_feeds,
     check_lr,
@@ -265,7 +265,7 @@ class GLRuntime:
 
     ``ctx``: the context to run in (default: the shared `default_context()`); ``own_context=True``
     creates a context for this runtime alone, released with it. ``texture_budget_bytes`` (default
-    2 GiB, as `glcomp.codegen.schema.DEFAULT_TEXTURE_BUDGET`): a bundle whose textures take more is
+    2 GiB, as `glcomp.format.DEFAULT_TEXTURE_BUDGET`): a bundle whose textures take more is
     refused before anything is allocated; a GL error while allocating raises GlcompError.
     Several runtimes may live in one process and be called from any thread: calls are
     serialised and each runs in the runtime's own context. Use it as a context manager or call
@@ -362,7 +362,7 @@ class GLRuntime:
             self._upload_state(name, self.bundle.weights[name])
 
     def _check_limits(self) -> None:
-        from glcomp.codegen.schema import DEFAULT_TEXTURE_BUDGET, texture_bytes
+        from glcomp.format import DEFAULT_TEXTURE_BUDGET, texture_bytes
 
         info = _info_of(self.ctx)
         budget = DEFAULT_TEXTURE_BUDGET if self._texture_budget is None else self._texture_budget

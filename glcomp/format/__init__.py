@@ -1,0 +1,38 @@
+"""The bundle format, shared by the code generator and every runtime (it imports no part of
+either): the manifest's JSON Schema (manifest.schema.json), the small JSON Schema interpreter
+that both this package and the browser runtime use, and the manifest's validation."""
+
+from glcomp.format.jsonschema import Validator, state_name_ok
+from glcomp.format.manifest import (
+    DEFAULT_LOOP_BUDGET,
+    DEFAULT_TEXTURE_BUDGET,
+    FORMAT,
+    MAX_SIDE,
+    PROGRAM_FILE,
+    TEXEL_BYTES,
+    VERSIONS,
+    check_layout,
+    manifest_schema,
+    texel_bytes,
+    texture_bytes,
+    texture_format,
+    validate_manifest,
+)
+
+__all__ = [
+    "DEFAULT_LOOP_BUDGET",
+    "DEFAULT_TEXTURE_BUDGET",
+    "FORMAT",
+    "MAX_SIDE",
+    "PROGRAM_FILE",
+    "TEXEL_BYTES",
+    "VERSIONS",
+    "Validator",
+    "check_layout",
+    "manifest_schema",
+    "state_name_ok",
+    "texel_bytes",
+    "texture_bytes",
+    "texture_format",
+    "validate_manifest",
+]

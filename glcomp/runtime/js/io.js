@@ -1,0 +1,487 @@
+// Bundle I/O for the browser runtime: strict JSON and safetensors parsing, sha256, packing
+// tensors into texture pages and back, checking inputs, and loading a bundle (from URLs or
+// files) with the same checks as glcomp/codegen/schema.py read_bundle.
+import { checkShaders, validateManifest } from "./manifest.js";
+import { GlcompError, fmtList, fmtShape, isInt, isObj, prod, repr, sameList, sortedKeys } from "./util.js";
+
+const PROGRAM_FILE = "program.json";
+const SHADER_RE = /^[A-Za-z0-9_]{1,64}\.(frag|vert)$/;
+const MAX_PROGRAMS = 4096;
+const MAX_JSON_BYTES = 64 * 2 ** 20;
+const MAX_JSON_DEPTH = 64;
+const MAX_DIMS = 32;
+const STATE_DTYPES = ["F32", "F64"];
+const COUNTER_DTYPES = ["I32", "I64"];
+
+/** JSON.parse for untrusted bytes, with schema.py parse_json's limits: UTF-8 (a byte order mark
+ *  is not skipped), at most MAX_JSON_BYTES and MAX_JSON_DEPTH levels of nesting. */
+export function parseJson(bytes, where) {
+  const buf = toArrayBuffer(bytes);
+  if (buf.byteLength > MAX_JSON_BYTES) throw new GlcompError(`bundle ${where}: larger than ${MAX_JSON_BYTES} bytes`);
+  let text;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(buf);
+  } catch (err) {
+    throw new GlcompError(`bundle ${where}: not valid JSON (${err.message})`);
+  }
+  let depth = 0;
+  for (const mt of text.matchAll(/"(?:[^"\\]|\\.)*"|[[\]{}]/g)) {
+    const t = mt[0];
+    if (t === "[" || t === "{") {
+      depth += 1;
+      if (depth > MAX_JSON_DEPTH) throw new GlcompError(`bundle ${where}: nested deeper than ${MAX_JSON_DEPTH} levels`);
+    } else if (t === "]" || t === "}") depth -= 1;
+  }
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new GlcompError(`bundle ${where}: not valid JSON (${err.message})`);
+  }
+}
+
+// -- sha256 (crypto.subtle where offered: it is missing outside secure contexts) ------------------
+const K256 = new Uint32Array([
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2]);
+
+/** SHA-256 of the bytes, in JavaScript (FIPS 180-4). */
+export function sha256Sync(bytes) {
+  const n = bytes.length;
+  const padded = new Uint8Array(Math.ceil((n + 9) / 64) * 64);
+  padded.set(bytes);
+  padded[n] = 0x80;
+  const view = new DataView(padded.buffer);
+  view.setUint32(padded.length - 8, Math.floor(n / 2 ** 29));
+  view.setUint32(padded.length - 4, (n * 8) >>> 0);
+  const h = new Uint32Array([0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19]);
+  const w = new Uint32Array(64);
+  const rotr = (x, r) => (x >>> r) | (x << (32 - r));
+  for (let off = 0; off < padded.length; off += 64) {
+    for (let i = 0; i < 16; i++) w[i] = view.getUint32(off + 4 * i);
+    for (let i = 16; i < 64; i++) {
+      const s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >>> 3);
+      const s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >>> 10);
+      w[i] = (w[i - 16] + s0 + w[i - 7] + s1) >>> 0;
+    }
+    let [a, b, c, d, e, f, g, hh] = h;
+    for (let i = 0; i < 64; i++) {
+      const t1 = (hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i]) >>> 0;
+      const t2 = ((rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))) >>> 0;
+      hh = g; g = f; f = e; e = (d + t1) >>> 0; d = c; c = b; b = a; a = (t1 + t2) >>> 0;
+    }
+    [a, b, c, d, e, f, g, hh].forEach((v, i) => { h[i] = (h[i] + v) >>> 0; });
+  }
+  return Array.from(h, (v) => v.toString(16).padStart(8, "0")).join("");
+}
+
+/** SHA-256 hex digest of an ArrayBuffer / typed array. */
+export async function sha256(data) {
+  const bytes = data instanceof Uint8Array ? data : new Uint8Array(toArrayBuffer(data));
+  if (typeof crypto !== "undefined" && crypto.subtle) {
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+    return Array.from(digest, (v) => v.toString(16).padStart(2, "0")).join("");
+  }
+  return sha256Sync(bytes);
+}
+
+// -- safetensors ------------------------------------------------------------------------------
+const DTYPES = {
+  F32: { size: 4, get: (v, o) => v.getFloat32(o, true), make: (n) => new Float32Array(n) },
+  F64: { size: 8, get: (v, o) => v.getFloat64(o, true), make: (n) => new Float64Array(n) },
+  I32: { size: 4, get: (v, o) => v.getInt32(o, true), make: (n) => new Int32Array(n) },
+  I64: { size: 8, get: (v, o) => v.getBigInt64(o, true), make: (n) => new BigInt64Array(n) },
+};
+
+function toArrayBuffer(data) {
+  if (data instanceof ArrayBuffer) return data;
+  if (ArrayBuffer.isView(data)) return data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength);
+  throw new GlcompError("expected an ArrayBuffer or a typed array");
+}
+
+/** Parse a safetensors file: {name: {dtype, shape, data}}. Checks the header strictly (offsets
+ *  in range, no overlap or gaps, sizes matching the shapes). `where` names the file in errors. */
+export function parseSafetensors(buffer, where = "weights.safetensors") {
+  const fail = (msg) => new GlcompError(`bundle ${where}: unreadable (${msg})`);
+  const buf = toArrayBuffer(buffer);
+  if (buf.byteLength < 8) throw fail("file shorter than its 8-byte header length");
+  const view = new DataView(buf);
+  const lenLo = view.getUint32(0, true);
+  const lenHi = view.getUint32(4, true);
+  if (lenHi !== 0 || lenLo > buf.byteLength - 8 || lenLo > 100_000_000) {
+    throw fail(`header length ${lenHi * 2 ** 32 + lenLo} exceeds the file size ${buf.byteLength}`);
+  }
+  const header = parseJson(new Uint8Array(buf, 8, lenLo), `${where} header`);
+  if (!isObj(header)) throw fail("header is not a JSON object");
+  const start = 8 + lenLo;
+  const dataLen = buf.byteLength - start;
+  const spans = [];
+  const out = {};
+  for (const [name, info] of Object.entries(header)) {
+    if (name === "__metadata__") {
+      if (!isObj(info) || !Object.values(info).every((v) => typeof v === "string")) throw fail("bad __metadata__");
+      continue;
+    }
+    if (!isObj(info)) throw fail(`entry ${repr(name)} is not an object`);
+    const dt = typeof info.dtype === "string" && Object.hasOwn(DTYPES, info.dtype) ? DTYPES[info.dtype] : null;
+    if (!dt) throw fail(`tensor ${repr(name)} has unsupported dtype ${repr(info.dtype)} (F32, F64, I32 or I64 expected)`);
+    const { shape, data_offsets: offs } = info;
+    if (!Array.isArray(shape) || shape.length > MAX_DIMS || !shape.every((s) => isInt(s) && s >= 0)) {
+      throw fail(`tensor ${repr(name)} has a bad shape`);
+    }
+    if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((o) => isInt(o) && o >= 0) || offs[1] < offs[0]
+      || offs[1] > dataLen) {
+      throw fail(`tensor ${repr(name)} has data offsets outside the file`);
+    }
+    const n = prod(shape);
+    if (offs[1] - offs[0] !== n * dt.size) throw fail(`tensor ${repr(name)}: ${offs[1] - offs[0]} bytes for shape ${fmtShape(shape)}`);
+    spans.push(offs);
+    const data = dt.make(n);
+    for (let i = 0, o = start + offs[0]; i < n; i++, o += dt.size) data[i] = dt.get(view, o);
+    out[name] = { dtype: info.dtype, shape: [...shape], data };
+  }
+  spans.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  let end = 0;
+  for (const [b, e] of spans) {
+    if (b !== end) throw fail("tensor data overlaps or leaves gaps");
+    end = e;
+  }
+  if (end !== dataLen) throw fail("the file holds bytes no tensor covers");
+  return out;
+}
+
+/** Write tensors {name: {dtype: "F32"|"I64"|..., shape, data}} as a safetensors ArrayBuffer. */
+export function writeSafetensors(tensors) {
+  const header = {};
+  let offset = 0;
+  const names = Object.keys(tensors).sort();
+  for (const name of names) {
+    const t = tensors[name];
+    const dt = DTYPES[t.dtype];
+    if (!dt) throw new GlcompError(`cannot write dtype ${repr(t.dtype)}`);
+    const bytes = prod(t.shape) * dt.size;
+    header[name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + bytes] };
+    offset += bytes;
+  }
+  let json = new TextEncoder().encode(JSON.stringify(header));
+  const pad = (8 - (json.length % 8)) % 8;
+  if (pad) json = new TextEncoder().encode(JSON.stringify(header) + " ".repeat(pad));
+  const buf = new ArrayBuffer(8 + json.length + offset);
+  const view = new DataView(buf);
+  view.setUint32(0, json.length, true);
+  view.setUint32(4, 0, true);
+  new Uint8Array(buf, 8, json.length).set(json);
+  let o = 8 + json.length;
+  for (const name of names) {
+    const t = tensors[name];
+    const n = prod(t.shape);
+    for (let i = 0; i < n; i++, o += DTYPES[t.dtype].size) {
+      const v = t.data[i];
+      if (t.dtype === "F32") view.setFloat32(o, Number(v), true);
+      else if (t.dtype === "F64") view.setFloat64(o, Number(v), true);
+      else if (t.dtype === "I32") view.setInt32(o, Number(v), true);
+      else view.setBigInt64(o, BigInt(v), true);
+    }
+  }
+  return buf;
+}
+
+// -- packing (glcomp/runtime/packing.py) -------------------------------------------------------
+/** Pack a flat row-major Float32Array of the layout's shape into pages of width*height RGBA texels. */
+export function pack(flat, lay) {
+  const { rows, row_len: rowLen, row_texels: rowTexels, width, height, pages } = lay;
+  const pageSize = width * height * 4;
+  const texels = new Float32Array(pages * pageSize);
+  if (rowLen === rowTexels * 4) texels.set(flat.subarray(0, rows * rowLen));
+  else for (let r = 0; r < rows; r++) texels.set(flat.subarray(r * rowLen, (r + 1) * rowLen), r * rowTexels * 4);
+  const out = [];
+  for (let p = 0; p < pages; p++) out.push(texels.subarray(p * pageSize, (p + 1) * pageSize));
+  return out;
+}
+
+/** Inverse of `pack`: pages of RGBA floats -> a flat row-major Float32Array. */
+export function unpack(pages, lay) {
+  const { rows, row_len: rowLen, row_texels: rowTexels } = lay;
+  let all = pages[0];
+  if (pages.length > 1) {
+    all = new Float32Array(pages.reduce((n, p) => n + p.length, 0));
+    let o = 0;
+    for (const p of pages) { all.set(p, o); o += p.length; }
+  }
+  const out = new Float32Array(rows * rowLen);
+  if (rowLen === rowTexels * 4) out.set(all.subarray(0, rows * rowLen));
+  else for (let r = 0; r < rows; r++) out.set(all.subarray(r * rowTexels * 4, r * rowTexels * 4 + rowLen), r * rowLen);
+  return out;
+}
+
+// -- inputs (glcomp/runtime/feeds.py) ----------------------------------------------------------
+export function nestedShape(v, name) {
+  const shape = [];
+  let cur = v;
+  while (Array.isArray(cur)) { shape.push(cur.length); cur = cur[0]; }
+  const flat = [];
+  const walk = (x, depth) => {
+    if (depth === shape.length) {
+      if (Array.isArray(x)) throw new GlcompError(`input ${repr(name)}: not an array (ragged nested lists)`);
+      flat.push(x);
+      return;
+    }
+    if (!Array.isArray(x) || x.length !== shape[depth]) {
+      throw new GlcompError(`input ${repr(name)}: not an array (ragged nested lists)`);
+    }
+    for (const y of x) walk(y, depth + 1);
+  };
+  walk(v, 0);
+  return [shape, flat];
+}
+
+/** Turn `value` (typed array, plain or nested array, number, or {shape, data}) into a flat array
+ *  of the spec's shape; raise GlcompError naming the tensor like feeds.py check_input. */
+export function checkInput(name, spec, value) {
+  const shape = spec.shape;
+  const n = prod(shape);
+  let data;
+  let given;
+  if (ArrayBuffer.isView(value) && !(value instanceof DataView)) {
+    data = value;
+    given = value.length === n ? shape : [value.length];
+  } else if (isObj(value) && "data" in value) {
+    given = Array.isArray(value.shape) ? value.shape : [value.data?.length ?? 0];
+    data = ArrayBuffer.isView(value.data) ? value.data : nestedShape(value.data, name)[1];
+  } else if (Array.isArray(value)) {
+    const [s, flat] = nestedShape(value, name);
+    data = flat;
+    given = s.length === 1 && flat.length === n ? shape : s; // a flat list of the right length is fine
+  } else if (typeof value === "number" || typeof value === "boolean" || typeof value === "bigint") {
+    data = [value];
+    given = [];
+  } else {
+    throw new GlcompError(`input ${repr(name)}: not an array (got ${value === null ? "null" : typeof value})`);
+  }
+  if (!sameList(given, shape) || data.length !== n) {
+    throw new GlcompError(`input ${repr(name)} expected shape ${fmtShape(shape)} but got ${fmtShape(given)}`);
+  }
+  const out = new Float32Array(n);
+  const classes = spec.num_classes;
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (let i = 0; i < n; i++) {
+    let v = data[i];
+    if (typeof v === "bigint") v = Number(v);
+    else if (typeof v === "boolean") v = v ? 1 : 0;
+    if (typeof v !== "number") throw new GlcompError(`input ${repr(name)} must hold numbers, got ${typeof v}`);
+    if (classes !== undefined && classes !== null) {
+      if (!Number.isInteger(v)) throw new GlcompError(`input ${repr(name)}: class labels must be integers`);
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    } else if (!Number.isFinite(v)) {
+      throw new GlcompError(`input ${repr(name)} holds NaN or infinite values`);
+    }
+    out[i] = v;
+  }
+  if (classes !== undefined && classes !== null && n && (lo < 0 || hi >= classes)) {
+    throw new GlcompError(`input ${repr(name)}: class labels must lie in [0, ${classes}), got values from ${lo} to ${hi}`);
+  }
+  return out;
+}
+
+/** Every name known, none missing, each one checked by `checkInput`. */
+export function checkFeeds(entry, specs, given) {
+  if (!isObj(given)) throw new GlcompError(`${entry}: inputs must be an object of name -> array`);
+  const unknown = Object.keys(given).filter((k) => !Object.hasOwn(specs, k)).sort();
+  if (unknown.length) throw new GlcompError(`${entry}: unknown input names ${fmtList(unknown)}; expected ${fmtList(sortedKeys(specs))}`);
+  const missing = Object.keys(specs).filter((k) => !Object.hasOwn(given, k)).sort();
+  if (missing.length) throw new GlcompError(`${entry}: missing inputs ${fmtList(missing)}`);
+  const out = {};
+  for (const [name, spec] of Object.entries(specs)) out[name] = checkInput(name, spec, given[name]);
+  return out;
+}
+
+// -- loading a bundle --------------------------------------------------------------------------
+const decodeUtf8 = (buf, where) => {
+  try {
+    return new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(buf);
+  } catch {
+    throw new GlcompError(`bundle ${where}: not UTF-8 text`);
+  }
+};
+async function readAsText(v, where) {
+  if (typeof v === "string") return v;
+  if (typeof Blob !== "undefined" && v instanceof Blob) return decodeUtf8(await v.arrayBuffer(), where);
+  return decodeUtf8(toArrayBuffer(v), where);
+}
+async function readAsBuffer(v) {
+  if (typeof Blob !== "undefined" && v instanceof Blob) return v.arrayBuffer();
+  if (typeof v === "string") return new TextEncoder().encode(v).buffer;
+  return toArrayBuffer(v);
+}
+
+/** Files given directly: {"manifest.json": File|ArrayBuffer|string|object, "weights.safetensors":
+ *  ..., "shaders/p0.frag": ...} or an array / FileList of File objects (a picked bundle folder). */
+function fileMap(source) {
+  const map = new Map();
+  const add = (path, value) => {
+    const parts = String(path).split(/[\\/]/).filter((p) => p);
+    const base = parts[parts.length - 1];
+    if (!base) return;
+    if (base === "manifest.json" || base === "weights.safetensors" || base === PROGRAM_FILE) map.set(base, value);
+    else if (SHADER_RE.test(base) && (parts.length === 1 || parts[parts.length - 2] === "shaders")) map.set(`shaders/${base}`, value);
+  };
+  const isList = Array.isArray(source) || (typeof FileList !== "undefined" && source instanceof FileList);
+  if (isList) {
+    for (const f of source) add(f.webkitRelativePath || f.name, f);
+  } else {
+    for (const [k, v] of Object.entries(source)) add(k, v);
+  }
+  return map;
+}
+
+async function fetchFile(url, what, optional, origins) {
+  let res;
+  try {
+    res = await fetch(url, { credentials: "same-origin" });
+  } catch (err) {
+    throw new GlcompError(`bundle ${what}: could not fetch ${url} (${err.message})`);
+  }
+  if (res.url && origins !== null && !origins.includes(new URL(res.url).origin)) {
+    throw new GlcompError(`bundle ${what}: ${url} was redirected to ${new URL(res.url).origin}, an origin not allowed`);
+  }
+  if (!res.ok) {
+    if (optional) return null;
+    throw new GlcompError(`bundle ${what} is missing (HTTP ${res.status} for ${url})`);
+  }
+  return res;
+}
+
+/** The origins a bundle may be fetched from: this page's own, and those `allowOrigins` names
+ *  (an array of origins such as "https://models.example.org", or true for any: null). */
+function allowedOrigins(allow) {
+  if (allow === true) return null;
+  const own = typeof location !== "undefined" && location.origin && location.origin !== "null" ? [location.origin] : [];
+  if (allow !== undefined && !(Array.isArray(allow) && allow.every((o) => typeof o === "string"))) {
+    throw new GlcompError("allowOrigins must be an array of origins (\"https://host:port\") or true");
+  }
+  return [...own, ...(allow || []).map((o) => new URL(o).origin)];
+}
+
+/** Load and validate a bundle: {manifest, shaders, weights, counters}. Nothing is run.
+ *  Accepts and rejects exactly what glcomp/codegen/schema.py read_bundle does. Options:
+ *  `textureBudgetBytes` (default 2 GiB) and `loopBudget` (loop iterations per draw, default
+ *  2**32) bound what the bundle may ask of the GPU; a URL must be of this page's origin unless
+ *  `allowOrigins` lists its origin (or is true). Files are checked against the manifest's sha256. */
+export async function loadBundle(source, options = {}) {
+  let manifestBytes;
+  let weightsBuf;
+  const shaders = {};
+  let getShader;
+  let programBuf;
+  if (typeof source === "string" || (typeof URL !== "undefined" && source instanceof URL)) {
+    const here = typeof location !== "undefined" ? location.href : undefined;
+    let base = String(source);
+    if (!base.endsWith("/")) base += "/";
+    base = new URL(base, here).href;
+    const origins = allowedOrigins(options.allowOrigins);
+    if (origins !== null && !origins.includes(new URL(base).origin)) {
+      throw new GlcompError(`bundle ${base}: refusing to load a bundle from ${new URL(base).origin}, another origin `
+        + "than this page's (pass allowOrigins: [origin] to trust it)");
+    }
+    manifestBytes = await (await fetchFile(new URL("manifest.json", base), "manifest.json", false, origins)).arrayBuffer();
+    getShader = async (name) => {
+      const res = await fetchFile(new URL(`shaders/${name}`, base), `shaders/${name}`, true, origins);
+      return res ? decodeUtf8(await res.arrayBuffer(), `shaders/${name}`) : null;
+    };
+    weightsBuf = async () => (await fetchFile(new URL("weights.safetensors", base), "weights.safetensors", false, origins))
+      .arrayBuffer();
+    programBuf = async () => {
+      const res = await fetchFile(new URL(PROGRAM_FILE, base), PROGRAM_FILE, true, origins);
+      return res ? res.arrayBuffer() : null;
+    };
+  } else if (source && typeof source === "object") {
+    const map = fileMap(source);
+    for (const f of ["manifest.json", "weights.safetensors"]) {
+      if (!map.has(f)) throw new GlcompError(`bundle: ${f} is missing`);
+    }
+    const mv = map.get("manifest.json");
+    manifestBytes = isObj(mv) && !(typeof Blob !== "undefined" && mv instanceof Blob)
+      ? new TextEncoder().encode(JSON.stringify(mv)) : await readAsBuffer(mv);
+    getShader = async (name) => (map.has(`shaders/${name}`) ? readAsText(map.get(`shaders/${name}`), `shaders/${name}`) : null);
+    weightsBuf = async () => readAsBuffer(map.get("weights.safetensors"));
+    programBuf = async () => (map.has(PROGRAM_FILE) ? readAsBuffer(map.get(PROGRAM_FILE)) : null);
+  } else {
+    throw new GlcompError("Runtime.load: pass a bundle base URL, or an object / array of its files");
+  }
+  const manifest = parseJson(manifestBytes, "manifest.json");
+  if (isObj(manifest)) {
+    const wanted = [manifest.vertex_shader];
+    for (const p of Object.values(isObj(manifest.programs) ? manifest.programs : {})) {
+      if (isObj(p)) wanted.push(p.fragment);
+    }
+    if (wanted.length > MAX_PROGRAMS + 1) throw new GlcompError(`bundle manifest.json: more than ${MAX_PROGRAMS} programs`);
+    for (const name of wanted) {
+      if (typeof name !== "string" || !SHADER_RE.test(name)) {
+        throw new GlcompError(`bundle manifest.json: shader name ${repr(name)} is not a plain file name`);
+      }
+    }
+    const unique = [...new Set(wanted)];
+    const texts = await Promise.all(unique.map(getShader));
+    unique.forEach((name, i) => { if (texts[i] !== null) shaders[name] = texts[i]; });
+  }
+  validateManifest(manifest, Object.keys(shaders), options);
+  checkShaders(manifest, shaders);
+  const weightsBytes = await weightsBuf();
+  const tensors = parseSafetensors(weightsBytes);
+  const expected = {};
+  for (const [k, st] of Object.entries(manifest.states)) expected[k] = st.layout.shape;
+  for (const k of Object.keys(manifest.counters)) expected[k] = [];
+  const missing = Object.keys(expected).filter((k) => !Object.hasOwn(tensors, k)).sort();
+  const extra = Object.keys(tensors).filter((k) => !Object.hasOwn(expected, k)).sort();
+  if (missing.length || extra.length) {
+    throw new GlcompError(`bundle weights.safetensors: missing ${fmtList(missing)}, unexpected ${fmtList(extra)}`);
+  }
+  const weights = {};
+  const counters = {};
+  for (const [k, shape] of Object.entries(expected)) {
+    const t = tensors[k];
+    if (!sameList(t.shape, shape)) {
+      throw new GlcompError(`bundle weights.safetensors: ${repr(k)} has shape ${fmtShape(t.shape)}, expected ${fmtShape(shape)}`);
+    }
+    const isCounter = Object.hasOwn(manifest.counters, k);
+    const allowed = isCounter ? COUNTER_DTYPES : STATE_DTYPES;
+    if (!allowed.includes(t.dtype)) {
+      throw new GlcompError(`bundle weights.safetensors: tensor ${repr(k)} is ${t.dtype}; a ${isCounter ? "counter" : "state"} `
+        + `must be ${allowed.join(" or ")}`);
+    }
+    const values = Float32Array.from(t.data, Number);
+    if (!Array.from(t.data, Number).every(Number.isFinite)) {
+      throw new GlcompError(`bundle weights.safetensors: ${repr(k)} holds NaN or infinite values`);
+    }
+    if (isCounter) counters[k] = Number(t.data[0]);
+    else weights[k] = values;
+  }
+  if (isObj(manifest.files)) {
+    // Checked last, so a damaged file is reported by what is wrong with it where that is known.
+    const check = async (path, bytes) => {
+      if (await sha256(bytes) !== manifest.files[path]) {
+        throw new GlcompError(`bundle ${path}: its sha256 does not match the one manifest.json records `
+          + "(the file was changed, or comes from another save)");
+      }
+    };
+    if (Object.hasOwn(manifest.files, PROGRAM_FILE)) {
+      // The IR graphs: only Python runs them, but a bundle Python refuses is refused here too.
+      const bytes = await programBuf();
+      if (bytes === null) throw new GlcompError(`bundle: ${PROGRAM_FILE} is missing`);
+      await check(PROGRAM_FILE, bytes);
+      if (!isObj(parseJson(bytes, PROGRAM_FILE))) throw new GlcompError(`bundle ${PROGRAM_FILE}: must be an object`);
+    }
+    await check("weights.safetensors", weightsBytes);
+    for (const [name, text] of Object.entries(shaders)) await check(`shaders/${name}`, new TextEncoder().encode(text));
+    delete manifest.files;
+  }
+  return { manifest, shaders, weights, counters };
+}
+

@@ -1,0 +1,293 @@
+// The bundle manifest: its validation (the schema in manifest_schema.js, generated from
+// glcomp/format/manifest.schema.json, plus the cross-checks a schema cannot express) and the bounds
+// of shader loops, exactly as glcomp/format/manifest.py and glcomp/codegen/schema.py: both loaders
+// accept and reject the same bundles.
+import SCHEMA from "./manifest_schema.js";
+import { Validator, short } from "./schema.js";
+import { GlcompError, prod, repr } from "./util.js";
+
+export const FORMAT = "glcomp-bundle";
+export const VERSIONS = [1, 2]; // 2 adds `files` (sha256 of each file) and program.json
+export const MAX_SIDE = 1 << 16;
+// Resource limits, the same as glcomp/format/manifest.py's (both loaders accept the same bundles).
+export const DEFAULT_TEXTURE_BUDGET = 2 * 2 ** 30; // bytes of textures a bundle may declare
+// Texel formats a manifest texture may name in "format" (absent: "f32"), and their sizes in bytes.
+export const TEXEL_BYTES = { f32: 16, f16: 8 };
+/** A (validated) texture record's texel format: "f32" (RGBA32F) or "f16" (RGBA16F). */
+export function textureFormat(tex) {
+  return tex.format === undefined ? "f32" : tex.format;
+}
+export const DEFAULT_LOOP_BUDGET = 2 ** 32; // loop iterations one draw may run
+const MAX_SHADER_CHARS = 2 ** 20;
+const WEIGHTS_FILE = "weights.safetensors";
+
+let validator = null;
+const pow2 = (v) => v >= 1 && (v & (v - 1)) === 0;
+const sameList = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+
+class Check {
+  need(cond, msg) { if (!cond) throw new GlcompError(`bundle manifest.json: ${msg}`); }
+}
+
+/** Cross-checks of a layout the schema has validated (manifest.py check_layout). */
+function checkLayout(c, lay, field, shape) {
+  if (shape !== undefined) c.need(sameList(shape, lay.shape), `${field}.shape ${short(lay.shape)} != ${short(shape)}`);
+  const s = lay.shape;
+  const rows = s.length ? prod(s.slice(0, -1)) : 1;
+  const rowLen = s.length ? s[s.length - 1] : 1;
+  c.need(lay.rows === rows && lay.row_len === rowLen, `${field} rows/row_len disagree with shape`);
+  c.need(lay.row_texels === Math.max(1, Math.ceil(rowLen / 4)), `${field}.row_texels is wrong`);
+  c.need(lay.texels === Math.max(1, rows * lay.row_texels), `${field}.texels is wrong`);
+  for (const side of ["width", "height"]) c.need(pow2(lay[side]), `${field}.${side} must be a power of two <= ${MAX_SIDE}`);
+  c.need(lay.width * lay.height * lay.pages >= lay.texels, `${field} pages too small`);
+}
+
+/** Throw GlcompError for anything in a manifest that does not fit the schema (manifest.py
+ *  validate_manifest: the format and version, the structure by manifest.schema.json, then
+ *  references, layouts, formats and the texture and loop budgets). `shaderNames`: the shader
+ *  files present; `options`: {textureBudgetBytes, loopBudget}. */
+export function validateManifest(m, shaderNames, options = {}) {
+  const names = new Set(shaderNames);
+  const textureBudget = options.textureBudgetBytes ?? DEFAULT_TEXTURE_BUDGET;
+  const loopBudget = options.loopBudget ?? DEFAULT_LOOP_BUDGET;
+  const c = new Check();
+  c.need(m !== null && typeof m === "object" && !Array.isArray(m), "manifest must be an object");
+  c.need(m.format === FORMAT, `format must be '${FORMAT}', got ${short(m.format)}`);
+  c.need(VERSIONS.includes(m.version), `unknown format version ${short(m.version)} (supported: (${VERSIONS.join(", ")}))`);
+  validator ??= new Validator(SCHEMA, "manifest.json");
+  validator.validate(m);
+
+  const maxSize = m.target.max_texture_size;
+  const textures = m.textures;
+  let total = 0;
+  for (const [name, tex] of Object.entries(textures)) {
+    for (const side of ["width", "height"]) {
+      const v = tex[side];
+      c.need(pow2(v), `textures.${name}.${side} must be a power of two`);
+      c.need(v <= maxSize, `textures.${name}.${side} ${v} exceeds target.max_texture_size ${maxSize}`);
+    }
+    total += TEXEL_BYTES[textureFormat(tex)] * tex.width * tex.height;
+  }
+  c.need(total <= textureBudget, `the textures take ${total} bytes, more than the budget of ${textureBudget} bytes`);
+  const used = new Set();
+
+  const states = m.states;
+  const owner = new Map(); // texture -> state owning it
+  for (const [name, st] of Object.entries(states)) {
+    const lay = st.layout;
+    checkLayout(c, lay, `states.${name}.layout`);
+    for (const group of st.textures) {
+      c.need(group.length === lay.pages, `states.${name}.textures: one texture per page expected`);
+      for (const t of group) {
+        c.need(Object.hasOwn(textures, t), `states.${name} refers to unknown texture ${short(t)}`);
+        const tex = textures[t];
+        c.need(tex.width === lay.width && tex.height === lay.height, `states.${name}: texture ${short(t)} has the wrong size`);
+        c.need(textureFormat(tex) === "f32", `states.${name}: texture ${short(t)} must be f32 (states are kept in float32)`);
+        c.need(!owner.has(t), `states.${name}: texture ${short(t)} is used twice by the state texture sets`);
+        owner.set(t, name);
+      }
+    }
+  }
+  for (const t of owner.keys()) used.add(t);
+  const inputs = m.inputs;
+  for (const [name, spec] of Object.entries(inputs)) checkLayout(c, spec.layout, `inputs.${name}.layout`, spec.shape);
+  const hyper = m.hyper;
+  for (const name of Object.keys(m.counters)) c.need(!Object.hasOwn(states, name), `counters.${name} has the name of a state`);
+  c.need(names.has(m.vertex_shader), `vertex shader ${short(m.vertex_shader)} is missing`);
+  const programs = m.programs;
+  for (const [pid, prog] of Object.entries(programs)) {
+    c.need(names.has(prog.fragment), `programs.${pid}: shader ${short(prog.fragment)} is missing`);
+    const all = [...prog.samplers, ...prog.uniforms];
+    c.need(new Set(all).size === all.length, `programs.${pid}: a uniform name appears twice`);
+  }
+
+  const checkRef = (ref, field) => {
+    if (typeof ref === "string") {
+      c.need(Object.hasOwn(textures, ref), `${field} refers to unknown texture ${short(ref)}`);
+      // Which set of a state is current flips every update: only a state reference says.
+      c.need(!owner.has(ref), `${field} names state texture ${short(ref)} directly`);
+      used.add(ref);
+      return [textures[ref].width, textures[ref].height];
+    }
+    c.need(Object.hasOwn(states, ref.state), `${field} refers to unknown state ${short(ref.state)}`);
+    const lay = states[ref.state].layout;
+    c.need(ref.page < lay.pages, `${field}.page ${ref.page} is beyond the state's ${lay.pages} pages`);
+    return [lay.width, lay.height];
+  };
+  const refKey = (r) => (typeof r === "string" ? JSON.stringify(r) : JSON.stringify([r.page, r.state, r.version]));
+
+  for (const [entry, e] of Object.entries(m.entries)) {
+    for (const [name, refs] of Object.entries(e.inputs)) {
+      c.need(Object.hasOwn(inputs, name), `entries.${entry}: unknown input ${short(name)}`);
+      const lay = inputs[name].layout;
+      c.need(refs.length === lay.pages, `entries.${entry}.inputs.${name}: one texture per page expected`);
+      for (const r of refs) {
+        const [w, h] = checkRef(r, `entries.${entry}.inputs.${name}`);
+        c.need(w === lay.width && h === lay.height, `entries.${entry}.inputs.${name}: a texture's size is not (${lay.width}, ${lay.height})`);
+        c.need(typeof r !== "string" || textureFormat(textures[r]) === "f32",
+          `entries.${entry}.inputs.${name}: input texture ${short(r)} must be f32`);
+      }
+    }
+    for (const [name, out] of Object.entries(e.outputs)) {
+      const lay = out.layout;
+      checkLayout(c, lay, `entries.${entry}.outputs.${name}.layout`);
+      c.need(out.textures.length === lay.pages, `entries.${entry}.outputs.${name}: one texture per page expected`);
+      for (const r of out.textures) {
+        const [w, h] = checkRef(r, `entries.${entry}.outputs.${name}`);
+        c.need(w === lay.width && h === lay.height, `entries.${entry}.outputs.${name}: a texture's size is not (${lay.width}, ${lay.height})`);
+      }
+    }
+    for (const name of e.updates ?? []) {
+      c.need(Object.hasOwn(states, name), `entries.${entry}.updates: unknown state ${short(name)}`);
+    }
+    e.draws.forEach((d, i) => {
+      const field = `entries.${entry}.draws[${i}]`;
+      c.need(Object.hasOwn(programs, d.program), `${field} refers to unknown program ${short(d.program)}`);
+      const prog = programs[d.program];
+      const { samplers, uniforms, targets, viewport: vp } = d;
+      c.need(sameList(Object.keys(samplers).sort(), [...prog.samplers].sort()), `${field}: samplers do not match the program`);
+      for (const [s, r] of Object.entries(samplers)) checkRef(r, `${field}.samplers.${s}`);
+      c.need(sameList(Object.keys(uniforms).sort(), [...prog.uniforms].sort()), `${field}: uniforms do not match the program`);
+      for (const [u, src] of Object.entries(uniforms)) {
+        c.need(src.hyper === undefined || Object.hasOwn(hyper, src.hyper),
+          `${field}.uniforms.${u} must name a hyper-parameter, got ${short(src.hyper ?? null)}`);
+      }
+      c.need(targets.length === prog.outputs, `${field}: one target per program output expected`);
+      const sizes = new Set(targets.map((r) => checkRef(r, `${field}.targets`).join("x")));
+      const formats = new Set(targets.map((r) => (typeof r === "string" ? textureFormat(textures[r]) : "f32")));
+      c.need(formats.size === 1, `${field}: render targets must all have one format, got ${short([...formats].sort())}`);
+      c.need(sizes.size === 1 && sizes.has(vp.join("x")), `${field}: render targets must all match the viewport size`);
+      const read = new Set(Object.values(samplers).map(refKey));
+      c.need(!targets.some((r) => read.has(refKey(r))), `${field} samples a texture it renders to`);
+      c.need(new Set(targets.map(refKey)).size === targets.length, `${field} renders to one texture twice`);
+      const work = prog.loop_iterations * vp[0] * vp[1];
+      c.need(work <= loopBudget, `${field} may run ${work} loop iterations (${prog.loop_iterations} per fragment), `
+        + `more than the budget of ${loopBudget} per draw`);
+    });
+  }
+  const unused = Object.keys(textures).filter((t) => !used.has(t)).sort();
+  c.need(!unused.length, `textures ${short(unused)} are used by no state, input, output or draw`);
+  if (m.version >= 2 || "files" in m) {
+    c.need("files" in m, "files must be an object of sha256 digests (format version 2 has one per file)");
+    const wanted = new Set([m.vertex_shader, ...Object.values(programs).map((p) => p.fragment)]);
+    for (const path of [WEIGHTS_FILE, ...[...wanted].sort().map((n) => `shaders/${n}`)]) {
+      c.need(Object.hasOwn(m.files, path), `files: no sha256 for ${path}`);
+    }
+  }
+}
+
+// -- loops in shaders (a port of schema.py shader_loop_bound: the same forms, the same bounds) ---
+const COMMENT_RE = /\/\/[^\n]*|\/\*(?:.|\n)*?\*\//g;
+const TOKEN_RE = /[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[^ \t\r\n]/g;
+const FOR_RE = /for[ \t\r\n]*\([ \t\r\n]*int[ \t\r\n]+([A-Za-z_][A-Za-z0-9_]*)[ \t\r\n]*=[ \t\r\n]*0[ \t\r\n]*;[ \t\r\n]*\1[ \t\r\n]*<[ \t\r\n]*([0-9]{1,9})[ \t\r\n]*;[ \t\r\n]*\1[ \t\r\n]*\+\+[ \t\r\n]*\)[ \t\r\n]*\{/y;
+const WRITE_AFTER_RE = /[ \t\r\n]*(?:[-+*/%&|^]?=(?!=)|<<=|>>=|\+\+|--)/y;
+const WRITE_BEFORE_RE = /(?:\+\+|--)[ \t\r\n]*$/;
+const DIRECTIVE_RE = /^#[ \t]*(?:version[ \t]+(?:100|300[ \t]+es)|extension[ \t]+[A-Za-z0-9_]+[ \t]*:[ \t]*[a-z]+)$/;
+const CODE_CHARS_RE = /^[ -~\t\r\n]*$/;
+
+/** An upper bound of the loop iterations one invocation of `source`'s main() runs; throws
+ *  GlcompError naming `where` for any loop not of the form `for (int v = 0; v < N; v++) {` (or
+ *  writing v in its body), while/do, preprocessor directives but #version/#extension,
+ *  backslashes, non-ASCII outside comments, and calls of functions not defined above. */
+export function shaderLoopBound(source, where) {
+  let text = source;
+  const fail = (msg, pos) => {
+    const at = pos === undefined ? "" : `line ${text.slice(0, pos).split("\n").length}: `;
+    return new GlcompError(`bundle ${where}: ${at}${msg}`);
+  };
+  if (source.length > MAX_SHADER_CHARS) throw fail(`the shader is longer than ${MAX_SHADER_CHARS} characters`);
+  if (source.includes("\\")) throw fail("backslashes (line continuations) are not allowed in shaders");
+  text = source.replace(COMMENT_RE, (c) => c.replace(/[^\n]/g, " "));
+  if (text.includes("/*")) throw fail("unterminated comment");
+  if (!CODE_CHARS_RE.test(text)) throw fail("characters other than printable ASCII outside comments");
+  for (const raw of text.split("\n")) {
+    const line = raw.replace(/^[ \t\r]+|[ \t\r]+$/g, "");
+    if (line.startsWith("#") && !DIRECTIVE_RE.test(line)) {
+      throw fail(`preprocessor directive ${repr(line.slice(0, 60))} is not allowed`);
+    }
+  }
+  const tokens = [];
+  for (const mt of text.matchAll(TOKEN_RE)) tokens.push([mt[0], mt.index]);
+  const defined = new Set();
+  let depth = 0;
+  let lastName = "";
+  tokens.forEach(([tok], i) => {
+    if (tok === "{") {
+      if (depth === 0 && i > 0 && tokens[i - 1][0] === ")") defined.add(lastName);
+      depth += 1;
+    } else if (tok === "}") depth -= 1;
+    else if (depth === 0 && i + 1 < tokens.length && tokens[i + 1][0] === "(") lastName = tok;
+  });
+  const bounds = new Map();
+  depth = 0;
+  let func = null;
+  lastName = "";
+  let total = 0;
+  const loops = []; // [variable, iterations including this loop's, depth]
+  let i = 0;
+  while (i < tokens.length) {
+    const [tok, pos] = tokens[i];
+    const mult = loops.length ? loops[loops.length - 1][1] : 1;
+    const nxt = i + 1 < tokens.length ? tokens[i + 1][0] : "";
+    if (tok === "while" || tok === "do") throw fail(`${tok} loops are not allowed`, pos);
+    if (tok === "for") {
+      FOR_RE.lastIndex = pos;
+      const found = FOR_RE.exec(text);
+      if (func === null || found === null) throw fail("a loop not of the form 'for (int v = 0; v < N; v++) {'", pos);
+      const n = Number(found[2]);
+      total += mult * n;
+      depth += 1;
+      loops.push([found[1], mult * n, depth]);
+      const end = found.index + found[0].length;
+      while (i < tokens.length && tokens[i][1] < end) i += 1;
+      continue;
+    }
+    if (tok === "{") {
+      depth += 1;
+      if (depth === 1) {
+        func = i > 0 && tokens[i - 1][0] === ")" ? lastName : null;
+        total = 0;
+      }
+    } else if (tok === "}") {
+      if (loops.length && loops[loops.length - 1][2] === depth) loops.pop();
+      depth -= 1;
+      if (depth < 0) throw fail("unbalanced braces", pos);
+      if (depth === 0 && func !== null) {
+        bounds.set(func, total);
+        func = null;
+      }
+    } else if (/^[A-Za-z_]/.test(tok)) {
+      if (depth === 0 && nxt === "(") lastName = tok;
+      else if (depth > 0 && nxt === "(" && defined.has(tok)) {
+        if (!bounds.has(tok)) throw fail(`${tok} is called before its definition ends (recursion is not allowed)`, pos);
+        total += mult * bounds.get(tok);
+      }
+      for (const [v] of loops) {
+        if (tok !== v) continue;
+        WRITE_AFTER_RE.lastIndex = pos + tok.length;
+        if (WRITE_AFTER_RE.test(text) || WRITE_BEFORE_RE.test(text.slice(Math.max(0, pos - 16), pos))) {
+          throw fail(`the loop variable ${v} is written in its loop`, pos);
+        }
+      }
+    }
+    i += 1;
+  }
+  if (depth !== 0) throw fail("unbalanced braces");
+  return bounds.has("main") ? bounds.get("main") : 0;
+}
+
+/** Check every shader's loops against the validated manifest (schema.py check_shaders): the
+ *  vertex shader runs none, each fragment shader at most its program's loop_iterations. */
+export function checkShaders(manifest, shaders) {
+  const vert = manifest.vertex_shader;
+  if (shaderLoopBound(shaders[vert], `shaders/${vert}`) !== 0) {
+    throw new GlcompError(`bundle shaders/${vert}: the vertex shader must not loop`);
+  }
+  for (const [pid, prog] of Object.entries(manifest.programs)) {
+    const bound = shaderLoopBound(shaders[prog.fragment], `shaders/${prog.fragment}`);
+    if (bound > prog.loop_iterations) {
+      throw new GlcompError(`bundle shaders/${prog.fragment}: its loops may run ${bound} iterations per fragment, `
+        + `more than the ${prog.loop_iterations} manifest.json declares for program ${pid}`);
+    }
+  }
+}
