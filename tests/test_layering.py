@@ -37,10 +37,9 @@ ALLOWED = {
     "program": {"neutral", "ir", "codegen", "runtime", "program"},
 }
 
-# Known exceptions (importer, imported). The GL runtime reads the manifest schema from
-# glcomp.codegen.schema until the schema and its validator move to the neutral glcomp.format;
-# remove this entry then.
-EXCEPTIONS = {("glcomp.runtime.gl", "glcomp.codegen.schema")}
+# Known exceptions (importer, imported): none. (The GL runtime read the manifest schema from
+# glcomp.codegen.schema until the schema and its validator moved to the neutral glcomp.format.)
+EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:

@@ -10,7 +10,6 @@ const params = new URLSearchParams(location.search);
 const bundleUrl = params.get("bundle") || "bundle/";
 const dataUrl = params.get("data") || new URL("data.safetensors", new URL(bundleUrl, location.href)).href;
 const $ = (id) => document.getElementById(id);
-const prod = (a) => a.reduce((x, y) => x * y, 1);
 
 const state = {
   status: "loading", // loading | ready | training | error
