@@ -23,6 +23,7 @@ accuracy and cross-entropy on the test windows and `generate()` samples text fro
 model through `predict` on the same runtime.
 """
 
+# ruff: noqa: N806, RUF059  (the torch original's B, T, C spellings, kept as they are)
 from __future__ import annotations
 
 import sys
@@ -38,12 +39,13 @@ from glcomp.nn import functional as F
 # hyperparameters (nanoGPT's gpt.py uses 64, 256, 384, 6, 6 and 0.2 on a GPU)
 batch_size = 32  # how many independent sequences will we process in parallel?
 block_size = 16  # what is the maximum context length for predictions?
-max_iters = 300
+max_iters = 200
 learning_rate = 3e-3
 n_embd = 32
 n_head = 2
-n_layer = 2
+n_layer = 1
 dropout = 0.0
+max_new_tokens = 200  # characters that generate() samples after training
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
 TEXT = Path(__file__).resolve().parent / "data" / "coriolanus.txt"
@@ -54,8 +56,8 @@ vocab_size = len(chars)
 # create a mapping from characters to integers
 stoi = {ch: i for i, ch in enumerate(chars)}
 itos = {i: ch for i, ch in enumerate(chars)}
-encode = lambda s: [stoi[c] for c in s]  # noqa: E731 - encoder: take a string, output a list of integers
-decode = lambda ids: "".join(itos[int(i)] for i in ids)  # noqa: E731 - decoder: integers to a string
+encode = lambda s: [stoi[c] for c in s]  # encoder: take a string, output a list of integers
+decode = lambda ids: "".join(itos[int(i)] for i in ids)  # decoder: take a list of integers, output a string
 
 
 class Head(nn.Module):
@@ -215,13 +217,14 @@ def build() -> dict[str, Any]:
     n = int(0.9 * len(data))  # first 90% will be train, rest val
     x_train, y_train = windows(data[:n])
     x_test, y_test = windows(data[n:], stride=block_size)
+    model = GPTLanguageModel()
     return {
-        "model": GPTLanguageModel(),
+        "model": model,
         "inputs": {"idx": (batch_size, block_size)},
         "loss": "forward",
         "target_name": "targets",
         "target_spec": {"shape": (batch_size, block_size), "dtype": "int32", "num_classes": vocab_size},
-        "optimizer": torch.optim.AdamW(lr=learning_rate),
+        "optimizer": torch.optim.AdamW(model.parameters(), lr=learning_rate),
         "data": {
             "x_train": x_train,
             "y_train": y_train,
@@ -233,7 +236,7 @@ def build() -> dict[str, Any]:
         "epochs": 1,
         "steps": max_iters,
         "seed": 1337,
-        "sample": lambda rt: generate(rt, "MENENIUS:\n", 200),
+        "sample": lambda rt: generate(rt, "MENENIUS:\n", max_new_tokens),
     }
 
 

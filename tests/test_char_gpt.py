@@ -1,0 +1,131 @@
+"""examples/char_gpt.py: the character-level GPT trains on the GL runtime as its torch original does.
+
+The example is loaded twice from its own source: as written (``import glcomp as torch``) and with
+only its three import lines swapped for torch's, which is the claim the example makes. Both get a
+tiny configuration (the module-level hyperparameters, as in nanoGPT), the same weights, and are
+compared on logits, gradients and four AdamW steps (torch in float64).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import glcomp
+from glcomp.cli import main
+
+torch = pytest.importorskip("torch")
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "char_gpt.py"
+GLCOMP_IMPORTS = "import glcomp as torch\nfrom glcomp import nn\nfrom glcomp.nn import functional as F\n"
+TORCH_IMPORTS = "import torch\nfrom torch import nn\nfrom torch.nn import functional as F\n"
+TINY = {"batch_size": 2, "block_size": 8, "n_embd": 16, "n_head": 2, "n_layer": 1, "dropout": 0.0}
+RTOL, ATOL = 2e-4, 1e-5
+
+
+def load_example(library: str, **config: Any) -> ModuleType:
+    """The example's module, run from its source with glcomp's or torch's imports, then `config`
+    set on its hyperparameters (read when the model is built)."""
+    source = EXAMPLE.read_text(encoding="utf-8")
+    assert GLCOMP_IMPORTS in source, "the example must import glcomp the way its torch original imports torch"
+    if library == "torch":
+        source = source.replace(GLCOMP_IMPORTS, TORCH_IMPORTS)
+    module = ModuleType(f"char_gpt_{library}")
+    module.__file__ = str(EXAMPLE)
+    exec(compile(source, str(EXAMPLE), "exec"), module.__dict__)  # the repository's own example
+    module.__dict__.update(config)
+    return module
+
+
+def close(got: Any, want: Any, what: str, rtol: float = RTOL, atol: float = ATOL) -> None:
+    want = want.detach().numpy() if hasattr(want, "detach") else np.asarray(want)
+    assert np.shape(got) == want.shape, what
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+
+
+def test_char_gpt_on_gl_matches_torch(gl_runtime: Any) -> None:
+    g, t = load_example("glcomp", **TINY), load_example("torch", **TINY)
+    glcomp.manual_seed(0)
+    gmodel = g.GPTLanguageModel()
+    tmodel = t.GPTLanguageModel()
+    state = gmodel.state_dict()
+    assert list(state) == list(tmodel.state_dict()), "parameter names or order differ from torch"
+    tmodel.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
+    tmodel.double()
+
+    b, block = TINY["batch_size"], TINY["block_size"]
+    x_all, y_all = g.windows(np.asarray(g.encode(g.text[:400])), stride=3)
+    rng = np.random.default_rng(0)
+    batches = [rng.choice(len(x_all), b, replace=False) for _ in range(4)]
+    spec = {"shape": (b, block), "dtype": "int32", "num_classes": g.vocab_size}
+    opt = g.torch.optim.AdamW(gmodel.parameters(), lr=3e-3)
+    prog = glcomp.compile(
+        gmodel, {"idx": (b, block)}, loss="forward", optimizer=opt, target_name="targets", target_spec=spec
+    )
+    topt = torch.optim.AdamW(tmodel.parameters(), lr=3e-3)
+    with gl_runtime(prog) as gl:
+        idx, targets = x_all[batches[0]], y_all[batches[0]]
+        tmodel.eval()
+        tlogits, tnone = tmodel(torch.tensor(idx, dtype=torch.long))
+        assert tnone is None
+        close(gl.predict(idx=idx), tlogits, "predict: the logits (B, T, vocab_size)")
+        tmodel.train()
+        losses = []
+        for step, rows in enumerate(batches):
+            idx, targets = x_all[rows], y_all[rows]
+            topt.zero_grad()
+            _, tloss = tmodel(torch.tensor(idx, dtype=torch.long), torch.tensor(targets, dtype=torch.long))
+            tloss.backward()
+            if step == 0:
+                grads = gl.gradients(idx=idx, targets=targets)
+                assert sorted(grads) == sorted(k for k, _ in tmodel.named_parameters())
+                for k, p in tmodel.named_parameters():
+                    close(grads[k], p.grad, f"gradient of {k}")
+            losses.append(gl.train_step(idx=idx, targets=targets))
+            assert losses[-1] == pytest.approx(tloss.item(), rel=RTOL), f"loss of step {step + 1}"
+            topt.step()
+        trained = gl.state_dict()
+        for k, v in tmodel.state_dict().items():
+            if k.endswith("tril"):
+                continue
+            close(trained[k], v, f"{k} after 4 AdamW steps")
+    assert losses[0] == pytest.approx(np.log(g.vocab_size), rel=0.05), "nanoGPT's init starts near uniform"
+
+
+def test_glcomp_train_runs_the_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`glcomp train examples/char_gpt.py` on a copy with a tiny configuration (reference runtime):
+    the loss goes down, the test windows are scored per position and a sample is printed."""
+    shutil.copytree(EXAMPLE.parent / "data", tmp_path / "data")
+    source = EXAMPLE.read_text(encoding="utf-8")
+    config = TINY | {"batch_size": 16, "n_embd": 32, "max_iters": 30, "learning_rate": 1e-2}
+    config["max_new_tokens"] = 12
+    for name, value in config.items():
+        lines = [line for line in source.splitlines() if line.startswith(f"{name} = ")]
+        assert len(lines) == 1, name
+        source = source.replace(lines[0], f"{name} = {value!r}")
+    example = tmp_path / "char_gpt.py"
+    example.write_text(source, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", str(example), "--runtime", "reference", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "training: 30 steps of batch 16" in text
+    steps = [line for line in text.splitlines() if line.startswith("step ")]
+    losses = [float(line.split("loss ")[1].split()[0]) for line in steps]
+    assert len(losses) >= 10 and losses[-1] < losses[0] - 0.3, losses
+    assert "test accuracy per position: " in text and "cross-entropy" in text
+    sample = text.split("sample:\n", 1)[1]
+    assert sample.startswith("MENENIUS:\n") and len(sample.split("\nsaved ")[0]) == len("MENENIUS:\n") + 12
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["test_cross_entropy"] < np.log(65) and metrics["steps"] == 30
+    from safetensors.numpy import load_file
+
+    data = load_file(str(out / "bundle" / "data.safetensors"))
+    chars = sorted(set((EXAMPLE.parent / "data" / "coriolanus.txt").read_text(encoding="utf-8")))
+    assert "".join(map(chr, data["vocab"])) == "".join(chars)
+    assert data["x_train"].shape[1:] == data["y_train"].shape[1:] == (TINY["block_size"],)
