@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+from test_browser import browser  # noqa: F401  (the Chromium fixture)
 
 import glcomp
 from glcomp.cli import main
+from glcomp.serve import export_data, make_server
 
 torch = pytest.importorskip("torch")
 
@@ -129,3 +133,60 @@ def test_glcomp_train_runs_the_example(tmp_path: Path, capsys: pytest.CaptureFix
     chars = sorted(set((EXAMPLE.parent / "data" / "coriolanus.txt").read_text(encoding="utf-8")))
     assert "".join(map(chr, data["vocab"])) == "".join(chars)
     assert data["x_train"].shape[1:] == data["y_train"].shape[1:] == (TINY["block_size"],)
+
+
+@pytest.mark.browser
+def test_demo_page_trains_the_char_gpt(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """The demo page trains the example's bundle (tiny configuration) in Chromium: the loss goes
+    down, accuracy is counted per position and text is sampled with the shipped vocabulary."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    g = load_example("glcomp", **TINY | {"batch_size": 8})
+    glcomp.manual_seed(0)
+    spec = g.build()
+    prog = glcomp.compile(
+        spec["model"], spec["inputs"], spec["loss"], spec["optimizer"],
+        target_name=spec["target_name"], target_spec=spec["target_spec"],
+    )  # fmt: skip
+    prog.save(tmp_path / "bundle")
+    data = spec["data"]
+    train, test = slice(0, 400), slice(0, 16)
+    export_data(
+        tmp_path / "bundle", data["x_train"][train], data["y_train"][train], data["x_test"][test],
+        data["y_test"][test], extra={"vocab": data["vocab"]},
+    )  # fmt: skip
+    server = make_server(tmp_path / "bundle")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    context = browser.new_context()
+    try:
+        pg = context.new_page()
+        errors: list[str] = []
+        pg.on("pageerror", lambda err: errors.append(str(err)))
+        start = time.perf_counter()
+        pg.goto(
+            f"http://127.0.0.1:{server.server_address[1]}/?epochs=2&steps=8&sample=24&lr=0.01&autostart=1"
+        )
+        try:
+            pg.wait_for_function("['done', 'error'].includes(window.glcompDemo?.status)", timeout=240_000)
+        except PlaywrightTimeout:
+            demo = pg.evaluate("window.glcompDemo")
+            where = f"{demo['status']}, {demo['steps']} steps"
+            pytest.fail(f"the demo did not finish in 240 s: {where} (a loaded machine?)", pytrace=False)
+        demo = pg.evaluate("window.glcompDemo")
+        assert demo["status"] == "done", demo["error"]
+        print(f"\nchar GPT demo: 16 steps in {time.perf_counter() - start:.1f} s, losses {demo['losses']}")
+        assert demo["steps"] == len(demo["losses"]) == 16
+        assert demo["losses"][0] == pytest.approx(np.log(g.vocab_size), rel=0.05)
+        assert np.mean(demo["losses"][-4:]) < np.mean(demo["losses"][:4]) - 0.2, demo["losses"]
+        assert len(demo["accuracies"]) == 2 and 0.0 <= demo["accuracy"] <= 1.0
+        assert pg.locator("#accuracy").inner_text().startswith("test accuracy per position after epoch 2")
+        prompt = "".join(g.itos[int(i)] for i in data["x_test"][0])
+        sample = demo["sample"]
+        assert sample.startswith(prompt) and len(sample) == len(prompt) + 24, sample
+        assert set(sample) <= set(g.chars)
+        assert pg.locator("#sample-text").inner_text() == sample[len(prompt) :]
+        assert not errors, errors
+    finally:
+        context.close()
+        server.shutdown()
+        server.server_close()
