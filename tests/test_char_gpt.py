@@ -190,3 +190,27 @@ def test_demo_page_trains_the_char_gpt(browser: Any, tmp_path: Path) -> None:  #
         context.close()
         server.shutdown()
         server.server_close()
+
+
+def test_train_spec_and_export_data_errors(tmp_path: Path) -> None:
+    from glcomp.cli import _train_spec
+
+    g = load_example("glcomp", **TINY)
+    base = g.build()
+    without_spec = {k: v for k, v in base.items() if k != "target_spec"}
+    for spec, message in [
+        (without_spec, 'loss "forward" needs target_spec'),
+        (base | {"steps": 0}, "steps must be a positive integer"),
+        (base | {"sample": "text"}, "sample must be a function of the trained runtime"),
+        (base | {"loss": "backward"}, 'loss must be a glcomp.nn Module or "forward"'),
+    ]:
+        with pytest.raises(glcomp.GlcompError, match=message):
+            _train_spec(spec, "char_gpt.py")
+    checked = _train_spec(base, "char_gpt.py")
+    assert checked.steps == g.max_iters and checked.target_name == "targets"
+    assert list(checked.extra) == ["vocab"] and checked.extra["vocab"].dtype == np.int64
+    x, y = np.zeros((2, 3)), np.zeros((2, 3), np.int32)
+    with pytest.raises(glcomp.GlcompError, match="extra arrays may not be named x_test"):
+        export_data(tmp_path, x, y, x, y, extra={"x_test": x})
+    with pytest.raises(glcomp.GlcompError, match="vocab must hold numbers"):
+        export_data(tmp_path, x, y, x, y, extra={"vocab": np.array(["a", "b"])})
