@@ -24,7 +24,8 @@ model through `predict` on the same runtime.
 
 Measured with `glcomp train` on Mesa llvmpipe, 2 vCPUs shared with other jobs (load average 8,
 2026-11-30): 11.6 s compiling, 200 steps in 25.5 s (128 ms/step), loss 3.40 after 10 steps and
-2.19 after 200, next-character test accuracy 29.9% and cross-entropy 2.52 (a uniform guess: 4.17).
+2.19 after 200, next-character test accuracy 29.9% and cross-entropy 2.52 (a uniform guess over
+the text's 58 characters: 4.06).
 """
 
 # ruff: noqa: N806, RUF059  (the torch original's B, T, C spellings, kept as they are)
