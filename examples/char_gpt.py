@@ -1,4 +1,4 @@
-"""A character-level GPT, written as the torch original with only the imports changed.
+"""A character-level GPT: nanoGPT's model code with only the imports changed.
 
     glcomp train examples/char_gpt.py          # GL runtime; prints the loss and a sample of text
     python examples/char_gpt.py --runtime reference
@@ -7,9 +7,13 @@ The model is the decoder-only transformer of nanoGPT's `gpt.py` ("Let's build GP
 position embeddings, pre-LayerNorm blocks of multi-head causal self-attention (one `Head` module
 per head: key/query/value projections, a `torch.tril` buffer, `masked_fill(-inf)`, softmax,
 dropout) and a GELU MLP, a final LayerNorm and a linear head over the characters; the loss is the
-cross-entropy computed in `forward(idx, targets)`, trained with AdamW. Only the imports differ
-from the torch script (`import glcomp as torch`, `from glcomp import nn`,
-`from glcomp.nn import functional as F`).
+cross-entropy computed in `forward(idx, targets)`, trained with AdamW. The model code runs
+unchanged under torch: only the three imports differ (`import glcomp as torch`,
+`from glcomp import nn`, `from glcomp.nn import functional as F`; tests/test_char_gpt.py swaps them
+for torch's and compares). Departures from `gpt.py`: GELU in the MLP (as GPT-2; gpt.py has ReLU),
+a tiny configuration, and in place of its training loop a `build()` for `glcomp train` (the
+compiled train step replaces `loss.backward()` / `optimizer.step()`) and a `generate()` that
+samples through the runtime's `predict` (there is no `torch.multinomial` inside the shaders).
 
 The text is `examples/data/coriolanus.txt`: the first 12.9 KB of William Shakespeare's
 *Coriolanus* (act 1, scenes 1 and part of 2; public domain), as it opens the "tiny Shakespeare"
