@@ -390,6 +390,11 @@ class TrainSpec:
     epochs: int
     seed: int = 0
     target: str = "webgl2"
+    steps: int | None = None  # the example's default length in steps (else `epochs`)
+    target_name: str = "y"
+    target_spec: Any = None
+    sample: Any = None  # a function of the trained runtime returning text to print
+    extra: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # more arrays for the demo
 
 
 def _train_spec(spec: Any, source: str) -> TrainSpec:
@@ -402,8 +407,13 @@ def _train_spec(spec: Any, source: str) -> TrainSpec:
     missing = sorted({"model", "inputs", "loss", "optimizer", "data", "batch_size", "epochs"} - set(spec))
     if missing:
         raise GlcompError(f"{where} returned no {', '.join(missing)}")
-    if not isinstance(spec["model"], Module) or not isinstance(spec["loss"], Module):
-        raise GlcompError(f"{where}: model and loss must be glcomp.nn Modules")
+    if not isinstance(spec["model"], Module):
+        raise GlcompError(f"{where}: model must be a glcomp.nn Module")
+    if isinstance(spec["loss"], str) and spec["loss"] == "forward":
+        if "target_spec" not in spec:
+            raise GlcompError(f'{where}: loss "forward" needs target_spec (the target forward() takes)')
+    elif not isinstance(spec["loss"], Module):
+        raise GlcompError(f'{where}: loss must be a glcomp.nn Module or "forward"')
     if not isinstance(spec["optimizer"], Optimizer):
         raise GlcompError(f"{where}: optimizer must be a glcomp.optim optimizer")
     data = spec["data"]
@@ -411,6 +421,7 @@ def _train_spec(spec: Any, source: str) -> TrainSpec:
     if not isinstance(data, dict) or set(keys) - set(data):
         raise GlcompError(f"{where}: data must be a dict with {', '.join(keys)}")
     arrays = {k: np.asarray(data[k]) for k in keys}
+    extra = {k: np.asarray(v) for k, v in data.items() if k not in keys}
     for split in ("train", "test"):
         nx, ny = len(arrays[f"x_{split}"]), len(arrays[f"y_{split}"])
         if nx != ny or nx == 0:
@@ -418,6 +429,12 @@ def _train_spec(spec: Any, source: str) -> TrainSpec:
     batch, epochs = spec["batch_size"], spec["epochs"]
     if not isinstance(batch, int) or not isinstance(epochs, int) or batch <= 0 or epochs <= 0:
         raise GlcompError(f"{where}: batch_size and epochs must be positive integers")
+    steps = spec.get("steps")
+    if steps is not None and (not isinstance(steps, int) or steps <= 0):
+        raise GlcompError(f"{where}: steps must be a positive integer, got {steps!r}")
+    sample = spec.get("sample")
+    if sample is not None and not callable(sample):
+        raise GlcompError(f"{where}: sample must be a function of the trained runtime")
     inputs = {k: tuple(int(d) for d in v) for k, v in dict(spec["inputs"]).items()}
     if len(inputs) != 1:
         raise GlcompError(f"{where}: train takes models with one data input, got {sorted(inputs)}")
@@ -444,6 +461,11 @@ def _train_spec(spec: Any, source: str) -> TrainSpec:
         epochs,
         int(spec.get("seed", 0)),
         str(spec.get("target", "webgl2")),
+        steps,
+        str(spec.get("target_name", "y")),
+        spec.get("target_spec"),
+        sample,
+        extra,
     )
 
 
@@ -516,7 +538,22 @@ def _evaluate(rt: Any, spec: TrainSpec, name: str) -> tuple[str, dict[str, Any]]
     how = f"{batches} batches of {b}" + (f", the last padded with {pad} zero rows (ignored)" if pad else "")
     if isinstance(pred, dict):
         raise GlcompError("train evaluates models with one output")
-    classes = np.issubdtype(spec.y_test.dtype, np.integer) and pred.ndim == 2
+    labels = np.issubdtype(spec.y_test.dtype, np.integer)
+    if labels and pred.ndim > 2 and pred.shape[:-1] == spec.y_test.shape:
+        # a label per position (a language model's next tokens): accuracy and cross-entropy per position
+        logits = pred.astype(np.float64)
+        logits -= logits.max(axis=-1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+        y = spec.y_test[..., None].astype(np.int64)
+        ce = float(-np.take_along_axis(logp, y, axis=-1).mean())
+        correct, total = int((pred.argmax(axis=-1) == spec.y_test).sum()), spec.y_test.size
+        acc = correct / total
+        return (
+            f"test accuracy per position: {100 * acc:.2f}% ({correct}/{total}), cross-entropy {ce:.4f} "
+            f"({n} samples; {how})",
+            {"test_accuracy": acc, "test_cross_entropy": ce},
+        )
+    classes = labels and pred.ndim == 2
     if classes:
         correct = int((pred.argmax(axis=1) == spec.y_test).sum())
         acc = correct / n
@@ -543,7 +580,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     name = next(iter(spec.inputs))
 
     start = time.perf_counter()
-    prog = glcomp.compile(spec.model, spec.inputs, spec.loss, spec.optimizer, target=spec.target)
+    prog = glcomp.compile(
+        spec.model,
+        spec.inputs,
+        spec.loss,
+        spec.optimizer,
+        target=spec.target,
+        target_name=spec.target_name,
+        target_spec=spec.target_spec,
+    )
     rt = prog.runtime(args.runtime)
     setup = time.perf_counter() - start
     where = rt.info()["renderer"] if args.runtime == "gl" else "numpy"
@@ -556,8 +601,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     n_train, b = len(spec.x_train), spec.batch_size
     per_epoch = n_train // b
     dropped = n_train - per_epoch * b
-    if args.steps is not None:
-        total = args.steps
+    if args.steps is not None or (spec.steps is not None and args.epochs is None):
+        total = args.steps if args.steps is not None else spec.steps
         plan = f"{total} steps"
     else:
         epochs = args.epochs if args.epochs is not None else spec.epochs
@@ -599,6 +644,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     line, metrics = _evaluate(rt, spec, name)
     print(f"{line} [{time.perf_counter() - start:.1f} s]")
+    if spec.sample is not None:
+        text = _call_user(lambda: spec.sample(rt), f"{source}: sample")
+        print(f"sample:\n{text}")
 
     from safetensors.numpy import save_file
 
@@ -623,7 +671,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # The example's data beside the bundle, so `glcomp serve` can train it in the browser.
     from glcomp.serve import export_data
 
-    export_data(out / "bundle", spec.x_train, spec.y_train, spec.x_test, spec.y_test)
+    export_data(out / "bundle", spec.x_train, spec.y_train, spec.x_test, spec.y_test, extra=spec.extra)
     saved = ["weights.safetensors", "bundle/ (with data.safetensors)"]
     try:
         _plot_losses(losses, per_epoch, f"{Path(source).stem} ({args.runtime} runtime)", out / "loss.png")

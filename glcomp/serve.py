@@ -48,17 +48,32 @@ CHUNK = 1 << 16
 _BUNDLE_SUFFIXES = (".json", ".frag", ".vert", ".safetensors")
 
 
-def export_data(directory: str | Path, x_train: Any, y_train: Any, x_test: Any, y_test: Any) -> Path:
-    """Write ``data.safetensors`` (x_* as float32, integer labels as int64) for the demo page."""
+def export_data(
+    directory: str | Path,
+    x_train: Any,
+    y_train: Any,
+    x_test: Any,
+    y_test: Any,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``data.safetensors`` (x_* as float32, integer labels as int64) for the demo page.
+
+    `extra` adds more named arrays of numbers (integers as int64, the rest float32), such as a
+    character model's ``vocab`` (the characters' code points) that the demo decodes samples with."""
     from safetensors.numpy import save_file
 
+    extra = dict(extra or {})
+    clash = sorted(set(extra) & set(DATA_KEYS))
+    if clash:
+        raise GlcompError(f"export_data: extra arrays may not be named {', '.join(clash)}")
     arrays = {}
-    for key, value in zip(DATA_KEYS, (x_train, y_train, x_test, y_test), strict=True):
+    values = (x_train, y_train, x_test, y_test, *extra.values())
+    for key, value in zip((*DATA_KEYS, *extra), values, strict=True):
         arr = np.asarray(value)
         if not np.issubdtype(arr.dtype, np.number) and arr.dtype != np.bool_:
             raise GlcompError(f"export_data: {key} must hold numbers, got dtype {arr.dtype}")
         integral = np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_)
-        if key.startswith("y") and integral:
+        if (key.startswith("y") or key not in DATA_KEYS) and integral:
             arr = arr.astype(np.int64)
         else:
             arr = arr.astype(np.float32)

@@ -1,6 +1,10 @@
 // The demo page: load a bundle and data.safetensors (x_train, y_train, x_test, y_test) from beside
 // it, train with the browser runtime, draw the loss live, report test accuracy, offer the weights.
-// Query parameters: bundle (default "bundle/"), data, epochs, lr, seed, autostart=1.
+// Labels may be one class per sample or one per position (a language model's next characters:
+// accuracy is then counted per position). When data.safetensors also holds `vocab` (the code
+// points of a character model's tokens), the page samples text from the model after each epoch.
+// Query parameters: bundle (default "bundle/"), data, epochs, steps (per epoch, at most), lr,
+// seed, sample (characters to generate, default 200), autostart=1.
 import { GlcompError, Runtime, nextTask, parseSafetensors } from "./glcomp.js";
 
 const params = new URLSearchParams(location.search);
@@ -20,6 +24,7 @@ const demo = {
   steps: 0,
   error: null,
   info: null,
+  sample: null, // text sampled from a character model after the last epoch (with a vocab)
 };
 window.glcompDemo = demo;
 
@@ -94,7 +99,16 @@ async function loadData(manifest) {
     sets[split] = { n, x: Float32Array.from(x.data, Number), y: Float64Array.from(y.data, Number) };
   }
   if (sets.train.n < batch) throw new GlcompError(`only ${sets.train.n} training samples for batches of ${batch}`);
-  return { ...sets, xName: xNames[0], yName: yNames[0], batch, xSize, ySize, classes: ySpec.num_classes };
+  let vocab = null;
+  if (t.vocab) {
+    vocab = Array.from(t.vocab.data, (c) => String.fromCodePoint(Number(c)));
+    if (vocab.length !== ySpec.num_classes || xSpec.shape.length !== 2 || ySize !== xSize) {
+      throw new GlcompError(`data.safetensors: a vocab of ${vocab.length} characters needs a model of token ids `
+        + `(batch, T) predicting ${vocab.length} classes per position; this one takes ${JSON.stringify(xSpec.shape)} `
+        + `and ${ySpec.num_classes} classes of ${JSON.stringify(ySpec.shape)}`);
+    }
+  }
+  return { ...sets, xName: xNames[0], yName: yNames[0], batch, xSize, ySize, classes: ySpec.num_classes, vocab };
 }
 
 function makeBatch(data, set, indices) {
@@ -108,7 +122,8 @@ function makeBatch(data, set, indices) {
   return { [data.xName]: x, [data.yName]: y };
 }
 
-/** Test accuracy (classification) or mean squared error, in batches of the compiled size. */
+/** Test accuracy (classification; per position when each sample has several labels) or mean
+ * squared error, in batches of the compiled size. */
 async function evaluate(rt, data) {
   const { batch, test } = data;
   let good = 0;
@@ -122,18 +137,47 @@ async function evaluate(rt, data) {
     delete feeds[data.yName];
     const out = await rt.predict(feeds);
     const width = out.data.length / batch;
+    const classes = width / data.ySize; // scores per position
     for (let i = 0; i < real; i++) {
       const row = out.data.subarray(i * width, (i + 1) * width);
       if (data.classes) {
-        let best = 0;
-        for (let c = 1; c < width; c++) if (row[c] > row[best]) best = c;
-        if (best === test.y[idx[i]]) good++;
+        for (let p = 0; p < data.ySize; p++) {
+          const off = p * classes;
+          let best = 0;
+          for (let c = 1; c < classes; c++) if (row[off + c] > row[off + best]) best = c;
+          if (best === test.y[idx[i] * data.ySize + p]) good++;
+        }
       } else {
         for (let c = 0; c < width; c++) sq += (row[c] - test.y[idx[i] * width + c]) ** 2;
       }
     }
   }
-  return data.classes ? good / test.n : sq / (test.n * data.ySize);
+  return data.classes ? good / (test.n * data.ySize) : sq / (test.n * data.ySize);
+}
+
+/** `count` characters sampled one at a time from a character model's next-character distribution
+ * (softmax of the last position's logits), after a prompt: the first test window. The compiled
+ * batch is filled with copies of the window and row 0 is read. */
+async function sampleText(rt, data, count, random) {
+  const { batch, xSize, vocab } = data;
+  const ids = Array.from(data.test.x.subarray(0, xSize), Number);
+  const prompt = ids.map((i) => vocab[i]).join("");
+  let text = "";
+  const x = new Float32Array(batch * xSize);
+  for (let n = 0; n < count; n++) {
+    const window = ids.slice(-xSize);
+    for (let b = 0; b < batch; b++) x.set(window, b * xSize);
+    const out = await rt.predict({ [data.xName]: x });
+    const logits = out.data.subarray((xSize - 1) * vocab.length, xSize * vocab.length);
+    const top = Math.max(...logits);
+    const weights = Array.from(logits, (v) => Math.exp(v - top));
+    let u = random() * weights.reduce((a, b) => a + b, 0);
+    let next = 0;
+    while (next < weights.length - 1 && u >= weights[next]) u -= weights[next++];
+    ids.push(next);
+    text += vocab[next];
+  }
+  return { prompt, text };
 }
 
 function drawChart(losses, accuracies, epochsPlanned, stepsPerEpoch) {
@@ -208,7 +252,9 @@ async function main() {
   }
   const data = await loadData(rt.manifest);
   demo.metric = data.classes ? "accuracy" : "mse";
-  const stepsPerEpoch = Math.floor(data.train.n / data.batch);
+  const maxSteps = Math.floor(Number(params.get("steps") || 0));
+  const stepsPerEpoch = Math.min(Math.floor(data.train.n / data.batch), maxSteps > 0 ? maxSteps : Infinity);
+  const sampleChars = Math.max(0, Math.floor(Number(params.get("sample") ?? 200)));
   $("lr").value = params.get("lr") || String(rt.hyper.lr);
   if (params.get("epochs")) $("epochs").value = params.get("epochs");
   $("info").textContent += ` · ${data.train.n} training and ${data.test.n} test samples, batches of ${data.batch}`;
@@ -266,8 +312,19 @@ async function main() {
       stepStart = performance.now();
       demo.accuracies.push(score);
       demo.accuracy = score;
-      $("accuracy").textContent = data.classes ? `test accuracy after epoch ${epoch + 1}: ${(100 * score).toFixed(1)}%`
+      const perPosition = data.ySize > 1 ? " per position" : "";
+      $("accuracy").textContent = data.classes
+        ? `test accuracy${perPosition} after epoch ${epoch + 1}: ${(100 * score).toFixed(1)}%`
         : `test MSE after epoch ${epoch + 1}: ${score.toPrecision(4)}`;
+      if (data.vocab && sampleChars > 0) {
+        const { prompt, text } = await sampleText(rt, data, sampleChars, rng(seed * 1000 + epoch + 7));
+        demo.sample = prompt + text;
+        $("sample-head").hidden = false;
+        $("sample-head").textContent = `sampled after epoch ${epoch + 1} (prompt: the first test window, in grey)`;
+        $("sample").hidden = false;
+        $("sample-prompt").textContent = prompt;
+        $("sample-text").textContent = text;
+      }
       await nextTask();
     }
     drawChart(demo.losses, data.classes ? demo.accuracies : [], epochs, stepsPerEpoch);
