@@ -35,7 +35,7 @@ ALLOWED = {
     ("split_wide.py", "concat"): "split_wide rewrites concat trees",
     ("split_wide.py", "slice"): "split_wide narrows slices of concats",
     ("schema.py", "input"): "the manifest field label in schema messages",
-    ("tiled.py", "matmul"): "the kernel family (Op.kind) the register-blocked kernel replaces, not an op name",
+    ("tiled.py", "matmul"): "the kernel family (Op.kind) the blocked kernel replaces, not an op name",
 }
 
 LOOP_KINDS = ("reduce", "matmul", "conv", "pool")
