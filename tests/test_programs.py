@@ -67,3 +67,37 @@ def test_recurrence_steps_share_programs(gl_runtime) -> None:
         np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=1e-5, atol=1e-6)
         for _ in range(2):
             np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=1e-5)
+
+
+class _Heads(nn.Module):
+    """Two identical heads over the same input: their kernels differ only in node ids and in the
+    model part they come from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.b = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+    def forward(self, x):
+        return self.a(x) * self.b(x)
+
+
+def test_kernels_of_different_model_parts_share_programs(gl_runtime) -> None:
+    glcomp.manual_seed(0)
+    prog = glcomp.compile(_Heads(), {"x": (4, 8)}, loss=nn.MSELoss(), optimizer=optim.SGD(lr=0.1))
+    bundle = build_bundle(prog)
+    m = bundle.manifest
+    # The SGD updates of the two heads' weights: one program, whose shader names both heads.
+    draws = m["entries"]["train_step"]["draws"]
+    writes = {t["state"]: d["program"] for d in draws for t in d["targets"] if isinstance(t, dict)}
+    assert writes["a.0.weight"] == writes["b.0.weight"], writes
+    shader = bundle.shaders[m["programs"][writes["a.0.weight"]]["fragment"]]
+    assert "// from a.0 (Linear) [grad]" in shader and "// from b.0 (Linear) [grad]" in shader, shader[:400]
+    # Shared programs compute what each kernel computed alone.
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    y = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    ref = prog.runtime("reference")
+    with gl_runtime(bundle) as gl:
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=1e-5, atol=1e-6)
+        for _ in range(3):
+            np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=1e-5)

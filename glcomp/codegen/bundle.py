@@ -19,7 +19,7 @@ from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.memplan import Pool, plan_memory
 from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.plan import Kernel, plan_kernels
-from glcomp.codegen.programs import canonical
+from glcomp.codegen.programs import canonical, merge_origins, sharing_key
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
 from glcomp.codegen.split_wide import split_wide
@@ -377,8 +377,11 @@ def _draws(
         # Kernels that differ only in node ids (each step of a recurrence) share one program.
         source, renamed, offsets = canonical(rendered.source)
         samplers = [(renamed.get(s, s), n, p) for s, n, p in rendered.samplers]
-        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        if digest not in by_source:
+        digest = hashlib.sha256(sharing_key(source).encode()).hexdigest()[:16]
+        if digest in by_source:  # shared: the program's shader also names this kernel's origins
+            fragment = f"{by_source[digest]}.frag"
+            shaders[fragment] = merge_origins(shaders[fragment], source)
+        else:
             pid = f"p{len(programs)}"
             by_source[digest] = pid
             shaders[f"{pid}.frag"] = source

@@ -5,9 +5,12 @@ the runtime compiles it once.
 Rendered shaders name their functions and samplers after IR node ids (``v123``,
 ``glc_fetch_123``, ``s123_0``) and open with a comment listing the kernel's nodes. `canonical`
 renumbers those identifiers by first appearance and drops the node list; draws keep their
-kernel name, and the shader keeps its origin comments. The constant offsets of index
-expressions that views pass to their operand (``return v5(i0, (i1 + 95), i2);``, a slice at one
-time step) become integer uniforms set per draw, so the steps of a recurrence share a program.
+kernel name. Origin comments (``// from blocks.1.attn (Head)``) do not keep kernels apart:
+`sharing_key` ignores them and `merge_origins` lists every sharing kernel's origins in the one
+shader (each head of an attention layer, each layer of a stack, share their programs).
+The constant offsets of index expressions that views pass to their operand
+(``return v5(i0, (i1 + 95), i2);``, a slice at one time step) become integer uniforms set per
+draw, so the steps of a recurrence share a program.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import re
 
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
+_ORIGIN = "// from "
 _NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v)(\d+)(_\d+)?\b")
 # A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
 _VIEW_CALL = re.compile(r"^(\s*return v\d+\()(.*)(\);)$", re.MULTILINE)
@@ -108,3 +112,24 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
         return source, renamed, {}
     decl = "".join(f"uniform int {name};\n" for name in offsets)
     return lifted.replace(_DECLARATIONS, _DECLARATIONS + decl, 1), renamed, offsets
+
+
+def sharing_key(source: str) -> str:
+    """What makes two canonical sources one program: the text without its origin comments (which
+    name the model parts a kernel came from and change nothing the GPU computes)."""
+    return "\n".join(line for line in source.split("\n") if not line.startswith(_ORIGIN))
+
+
+def merge_origins(shared: str, source: str) -> str:
+    """`shared` (a program's source) with the origin comments of `source` (another kernel with
+    the same `sharing_key`) added after its own, each origin once, in order of first appearance.
+
+    Guarantee: only comment lines change; `sharing_key` of the result is that of both inputs."""
+    lines = shared.split("\n")
+    have = [k for k, line in enumerate(lines) if line.startswith(_ORIGIN)]
+    new = [line for line in dict.fromkeys(source.split("\n")) if line.startswith(_ORIGIN)]
+    new = [line for line in new if line not in {lines[k] for k in have}]
+    if not new:
+        return shared
+    at = have[-1] + 1 if have else 0
+    return "\n".join(lines[:at] + new + lines[at:])
