@@ -135,6 +135,14 @@ def target_of(program: Program) -> Target:
     return options_of(program).make_target()
 
 
+def entry_plan(program: Program, entry: str) -> KernelPlan:
+    """The plan of `entry` before any pass: its IR graph, the target and the pass switches of
+    the program's options, and the names of its persistent states."""
+    options = options_of(program)
+    states = frozenset({**program.params, **program.buffers, **program.opt_state})
+    return KernelPlan(entry, program.graphs[entry], options.make_target(), options.passes, states)
+
+
 def build_bundle(program: Program, dump_after: str | None = None, check: bool = False) -> Bundle:
     """Lower every entry point of `program` to shaders and draw schedules, through the passes of
     glcomp.codegen.pipeline.PIPELINE. `dump_after` names a pass: the kernel plan of each entry
@@ -169,8 +177,7 @@ def build_bundle(program: Program, dump_after: str | None = None, check: bool = 
     entries: dict[str, Any] = {}
     for entry in ENTRY_POINTS:
         if entry in program.graphs:
-            plan = KernelPlan(entry, program.graphs[entry], target, options.passes, frozenset(states))
-            plan = run_pipeline(plan, dump_after, check)
+            plan = run_pipeline(entry_plan(program, entry), dump_after, check)
             entries[entry] = _emit_entry(plan, pool, programs, shaders, by_source)
 
     # Only textures some draw, input or output names: loaders refuse a bundle declaring others

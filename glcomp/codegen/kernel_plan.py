@@ -44,7 +44,7 @@ class KernelPlan:
     kernel result to the texture of the sum it is added into (blending), `blended` names the
     kernels that add rather than overwrite; `memory` gives each temporary one texture slot per
     page. `states` are the names of persistent states (their textures come from the bundle,
-    not the memory plan). `after` names the last pass run.
+    not the memory plan). `done` names the passes run so far, in order.
     """
 
     entry: str
@@ -52,7 +52,7 @@ class KernelPlan:
     target: Target
     switches: Mapping[str, bool]
     states: frozenset[str] = frozenset()
-    after: str = "start"
+    done: tuple[str, ...] = ()
     order: tuple[int, ...] = ()
     operands: Mapping[int, tuple[int, ...]] = field(default_factory=_empty)
     layouts: Mapping[int, Layout] = field(default_factory=_empty)
@@ -61,6 +61,11 @@ class KernelPlan:
     into: Mapping[int, int] = field(default_factory=_empty)
     blended: frozenset[str] = frozenset()
     memory: Mapping[int, tuple[Slot, ...]] = field(default_factory=_empty)
+
+    @property
+    def after(self) -> str:
+        """The last pass run ("start" before any)."""
+        return self.done[-1] if self.done else "start"
 
     def replace(self, **changes: Any) -> KernelPlan:
         """A new plan with `changes` (mappings are copied and made read-only)."""
@@ -127,23 +132,28 @@ class KernelPlan:
             return f"%{n}:{g.attrs(n)['name']}"
         return f"%{n}"
 
-    def _target(self, n: int) -> str:
+    def _target(self, n: int, state_out: Mapping[int, str]) -> str:
         text = f"%{n}({self.stored.get(n, '?')})"
         if n in self.into:
             text += f"->%{self.into[n]}"
         where = self.into.get(n, n)
-        if where in self.memory:
+        if where in state_out:
+            text += f"@state:{state_out[where]}"
+        elif where in self.memory:
             text += "@" + ",".join(f"{w}x{h}#{i}" for (w, h), i in self.memory[where])
         return text
 
-    def kernel_line(self, kernel: Kernel) -> str:
-        """One kernel as one line: name, template, viewport, targets (why stored, blend
-        destination, texture slots), leaves read, fused node count, loop iterations."""
+    def kernel_line(self, kernel: Kernel, state_out: Mapping[int, str] | None = None) -> str:
+        """One kernel as one line: name, template, viewport (width x height, x pages), targets
+        (each with why it is stored, ``->%sum`` when blended into a sum, ``@`` its texture: a
+        state or the memory plan's slots, size#index), leaves read (``%n:name`` for inputs),
+        fused node count, loop iterations per invocation, ``blend`` when it adds."""
+        state_out = self.state_out() if state_out is None else state_out
         parts = [kernel.name, kernel.template]
         if self.layouts:
             lay = self.layouts[kernel.roots[0]]
             parts.append(f"{lay.width}x{lay.height}" + (f"x{lay.pages}" if lay.pages > 1 else ""))
-        parts.append("writes " + " ".join(self._target(r) for r in kernel.roots))
+        parts.append("writes " + " ".join(self._target(r, state_out) for r in kernel.roots))
         parts.append("reads " + (" ".join(self._value(n) for n in kernel.leaves) or "-"))
         parts.append(f"fuses {len(kernel.body)}")
         parts.append(f"loops {self.loop_iterations(kernel)}")
@@ -158,7 +168,8 @@ class KernelPlan:
         )
         if self.memory:
             head += f", {len({s for slots in self.memory.values() for s in slots})} texture slots"
-        return "\n".join([head, *(self.kernel_line(k) for k in self.kernels)])
+        state_out = self.state_out()
+        return "\n".join([head, *(self.kernel_line(k, state_out) for k in self.kernels)])
 
 
 def check_plan(plan: KernelPlan) -> None:
@@ -173,8 +184,9 @@ def check_plan(plan: KernelPlan) -> None:
       it (its body) or read from a stored value (its leaves); kernels come in dependency order
       (a value is read only after every kernel writing it ran); no kernel reads a texture it
       renders to; the targets of a kernel share one viewport (several targets: one page each);
-      at most max_draw_buffers targets and max_texture_units sampled pages per kernel, and a
-      kernel of several targets runs at most FRAGMENT_LOOP_BUDGET loop iterations;
+      at most max_draw_buffers targets per kernel and (once texture_units ran) max_texture_units
+      sampled pages, and a kernel of several targets runs at most FRAGMENT_LOOP_BUDGET loop
+      iterations;
     - blending: each blend target is a stored sum whose add tree reads the term directly, the
       term has the sum's layout, is the single result of its kernel and nothing else reads it;
       the first term's kernel overwrites and the others add;
@@ -241,13 +253,15 @@ def _check_kernels(plan: KernelPlan, fail: Any) -> None:
         for r in k.roots:
             if r not in plan.stored:
                 fail(f"kernel {k.name} writes %{r}, which is not stored")
+        for n in k.body:
+            if n in plan.stored and n not in roots:
+                fail(f"kernel {k.name} recomputes stored value %{n} of another kernel")
         for n in [*k.body, *k.roots]:
             for o in plan.operands.get(n, g.operands(n)):
                 if o not in body and o not in leaves:
                     fail(f"kernel {k.name} computes %{n} from %{o}, neither fused into it nor read")
-        for n in k.body:
-            if n in plan.stored and n not in roots:
-                fail(f"kernel {k.name} recomputes stored value %{n} of another kernel")
+        if set(plan.written(k)) & leaves:
+            fail(f"kernel {k.name} reads its own output texture")
         for leaf in k.leaves:
             if leaf not in plan.stored and g.op(leaf) != "input":
                 fail(f"kernel {k.name} reads %{leaf}, which is not stored")
@@ -259,8 +273,6 @@ def _check_kernels(plan: KernelPlan, fail: Any) -> None:
                     f"kernel {k.name} reads %{leaf} before kernel {plan.kernels[late[0]].name} writes it "
                     "(kernels out of dependency order)"
                 )
-        if set(plan.written(k)) & leaves:
-            fail(f"kernel {k.name} reads its own output texture")
         if len(k.roots) > target.max_draw_buffers:
             limit = target.max_draw_buffers
             fail(f"kernel {k.name} has {len(k.roots)} targets, past max_draw_buffers {limit}")
@@ -271,7 +283,7 @@ def _check_kernels(plan: KernelPlan, fail: Any) -> None:
             if len(lays) > 1 and any(lay.pages > 1 for lay in lays):
                 fail(f"kernel {k.name} has several targets, one of them split into pages")
             samplers = sum(plan.layouts[n].pages for n in k.leaves if g.attrs(n).get("role") != "hyper")
-            if samplers > target.max_texture_units:
+            if samplers > target.max_texture_units and "texture_units" in plan.done:
                 fail(
                     f"kernel {k.name} samples {samplers} texture pages, "
                     f"past max_texture_units {target.max_texture_units}"

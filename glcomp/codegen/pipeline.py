@@ -202,7 +202,7 @@ def run_pipeline(
     pass; `dump` gets ``str(plan)`` after the pass named `dump_after`."""
     check_pass_name(dump_after)
     for p in PIPELINE:
-        plan = p.run(plan).replace(after=p.name)
+        plan = p.run(plan).replace(done=(*plan.done, p.name))
         if check:
             check_plan(plan)
         if p.name == dump_after:
