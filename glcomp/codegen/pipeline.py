@@ -87,8 +87,8 @@ def layout(plan: KernelPlan) -> KernelPlan:
     )
 
 
-def _index(plan: KernelPlan) -> kernels_of._Index:
-    return kernels_of._Index(plan.graph, list(plan.order), plan.operands)
+def _index(plan: KernelPlan) -> kernels_of.NodeIndex:
+    return kernels_of.NodeIndex(plan.graph, list(plan.order), plan.operands)
 
 
 def _kernels(plan: KernelPlan, stored: dict[int, str]) -> KernelPlan:
@@ -110,7 +110,7 @@ def epilogue(plan: KernelPlan) -> KernelPlan:
     if not (plan.switches["fusion"] and plan.switches["epilogue"]):
         return plan
     kept = set(plan.stored)
-    kernels_of._fuse_epilogues(plan.graph, kept, list(plan.order))
+    kernels_of.fuse_epilogues(plan.graph, kept, list(plan.order))
     if len(kept) == len(plan.stored):
         return plan
     return _kernels(plan, {n: why for n, why in plan.stored.items() if n in kept})

@@ -139,7 +139,7 @@ def _epilogue_reader(graph: Graph, n: int, stored: set[int]) -> int | None:
         n = user
 
 
-def _fuse_epilogues(graph: Graph, stored: set[int], order: list[int] | None = None) -> None:
+def fuse_epilogues(graph: Graph, stored: set[int], order: list[int] | None = None) -> None:
     """Un-store loop results that one elementwise kernel reads once per element: the loop then
     runs inside that kernel (a matmul with its bias add, or with the SGD update that consumes
     it) and saves a draw and a texture. `order` is graph.topo() when the caller has it."""
@@ -157,10 +157,10 @@ def _fuse_epilogues(graph: Graph, stored: set[int], order: list[int] | None = No
 
 
 def _fused_region(
-    graph: Graph, root: int, stored: Collection[int], index: _Index | None = None
+    graph: Graph, root: int, stored: Collection[int], index: NodeIndex | None = None
 ) -> tuple[list[int], list[int]]:
     """Nodes computed inside root's kernel and the stored leaves it reads."""
-    index = index or _Index(graph)
+    index = index or NodeIndex(graph)
     body: set[int] = set()
     leaves: set[int] = set()
     stack = list(index.operands[root])
@@ -174,8 +174,9 @@ def _fused_region(
     return sorted(body, key=index.position.__getitem__), sorted(leaves)
 
 
-class _Index:
-    """Each node's operands and position in graph.topo(), computed once per plan."""
+class NodeIndex:
+    """Each node's operands and position in graph.topo(), computed once per plan (or taken
+    from `order` and `operands` when the caller has them)."""
 
     def __init__(
         self,
@@ -188,7 +189,7 @@ class _Index:
         self.operands = operands if operands is not None else {n: graph.operands(n) for n in self.topo}
 
 
-def _leaf_sets(graph: Graph, body: list[int], stored: Collection[int], index: _Index) -> dict[int, set[int]]:
+def _leaf_sets(graph: Graph, body: list[int], stored: set[int], index: NodeIndex) -> dict[int, set[int]]:
     """For each node of a fused region (in topological order): the stored leaves it reads."""
     sets: dict[int, set[int]] = {}
     for b in body:
@@ -220,14 +221,14 @@ def plan_kernels(
     """
     stored = materialized(graph, fusion)
     if fusion and epilogue:
-        _fuse_epilogues(graph, stored)
-    index = _Index(graph)
+        fuse_epilogues(graph, stored)
+    index = NodeIndex(graph)
     store_for_texture_units(graph, target, pages, stored, index)
     return form_kernels(graph, stored, index), stored
 
 
 def store_for_texture_units(
-    graph: Graph, target: Target, pages: dict[int, int], stored: set[int], index: _Index
+    graph: Graph, target: Target, pages: dict[int, int], stored: set[int], index: NodeIndex
 ) -> list[int]:
     """Add fused operands to `stored` until no kernel samples more texture pages than the target
     has units; returns the nodes added, in the order they were chosen (see plan_kernels)."""
@@ -261,7 +262,7 @@ def store_for_texture_units(
     return added
 
 
-def form_kernels(graph: Graph, stored: Collection[int], index: _Index) -> list[Kernel]:
+def form_kernels(graph: Graph, stored: Collection[int], index: NodeIndex) -> list[Kernel]:
     """One kernel per stored non-input node, in topological order: the node as its root, the
     fused nodes it computes as its body and the stored values it reads as its leaves."""
     kernels: list[Kernel] = []
