@@ -22,6 +22,7 @@ from glcomp.codegen.options import PASSES, CompileOptions
 from glcomp.codegen.pipeline import PASS_NAMES, PIPELINE
 from glcomp.codegen.plan import Kernel
 from glcomp.codegen.target import make_target
+from glcomp.ir.graph import Graph
 
 
 class Twice(nn.Module):
@@ -399,3 +400,23 @@ def test_codegen_time_grows_about_linearly() -> None:
     one, four, sixteen = _codegen_seconds(1), _codegen_seconds(4), _codegen_seconds(16)
     assert four / one < 4 * 3, (one, four)
     assert sixteen / one < 16 * 3, (one, sixteen)
+
+
+def test_graph_passes_rewrite_a_new_graph() -> None:
+    """split_wide narrows ``out[:, -1]`` of the stacked LSTM outputs to the last step (the
+    concat disappears); isolate_states gives every written-back state a node of its own."""
+    plans = _plans(_program(Seq(), {"x": (2, 3, 3)}), "predict")
+    concats = {n: sum(p.graph.op(m) == "concat" for m in p.graph.nodes()) for n, p in plans.items()}
+    assert concats["split_reductions"] == 1 and concats["split_wide"] == 0
+    assert plans["split_wide"].graph is not plans["split_reductions"].graph
+
+    g = Graph()
+    p = g.add_input("p", (2,), "param")
+    g.outputs = {"param:p": p, "param:q": p}
+    switches = CompileOptions.parse({}).passes
+    plan = KernelPlan("train_step", g, make_target("webgl2"), switches, frozenset("pq"))
+    isolated = PIPELINE[PASS_NAMES.index("isolate_states")].run(plan)
+    new = isolated.graph.outputs
+    assert g.outputs == {"param:p": p, "param:q": p}  # the given plan's graph is unchanged
+    assert len({new["param:p"], new["param:q"], p}) == 3
+    assert all(isolated.graph.op(new[k]) == "stop_gradient" for k in new)
