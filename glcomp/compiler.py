@@ -32,6 +32,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     target_spec: Any = None,
     clip_grad_value: float | None = None,
     clip_grad_norm: float | None = None,
+    dump_after: str | None = None,
     **options: Any,
 ) -> Program:
     """Compile `model` for the given input shapes.
@@ -55,10 +56,41 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     (max_texture_size, max_draw_buffers, max_texture_units, max_loop_iterations) and
     ``passes={"fusion": ..., "mrt": ..., "memplan": ...}`` to switch passes off, and
     ``storage="f32"|"f16"``: the texel format of temporary textures (see
-    glcomp.codegen.bundle.STORAGE; parameters and optimizer state always stay float32).
+    glcomp.codegen.options.STORAGE; parameters and optimizer state always stay float32).
+    Unknown options and ill-typed values raise GlcompError listing the valid ones
+    (glcomp.codegen.options.CompileOptions). `dump_after` names a code-generation pass
+    (glcomp.codegen.pipeline.PASS_NAMES): the program is then lowered at once and the kernel plan
+    of each entry point printed after that pass.
     """
     _check_arguments(model, inputs, loss, optimizer, target, target_name, clip_grad_value, clip_grad_norm)
     _check_options(options)
+    if dump_after is not None:
+        from glcomp.codegen.pipeline import check_pass_name
+
+        check_pass_name(dump_after)
+    clip = (clip_grad_value, clip_grad_norm)
+    program = _compile(model, inputs, loss, optimizer, target, target_name, target_spec, *clip, options)
+    if dump_after is not None:
+        from glcomp.codegen.bundle import build_bundle
+
+        program._bundle = build_bundle(program, dump_after=dump_after)
+        program._bundle_key = program._lowering_key()
+    return program
+
+
+def _compile(
+    model: Module,
+    inputs: dict[str, Any],
+    loss: Any,
+    optimizer: Optimizer | None,
+    target: str,
+    target_name: str,
+    target_spec: Any,
+    clip_grad_value: float | None,
+    clip_grad_norm: float | None,
+    options: dict[str, Any],
+) -> Program:
+    """`compile` after its arguments are checked: trace and differentiate."""
     graphs: dict[str, Graph] = {}
     in_forward = _is_forward(loss)
 
@@ -231,33 +263,14 @@ def _check_arguments(
 
 
 def _check_options(options: dict[str, Any]) -> None:
-    """Target limits and ``passes`` as the code generator understands them (checked now, not
-    when a GL runtime is first built)."""
-    from glcomp.codegen.bundle import PASSES, STORAGE
-    from glcomp.codegen.target import Target
+    """Target limits, ``passes`` and ``storage`` as the code generator understands them (checked
+    now, not when a GL runtime is first built): glcomp.codegen.options.CompileOptions is the one
+    list of the options, their types and defaults."""
+    from glcomp.codegen.options import CompileOptions
 
-    limits = set(Target.__dataclass_fields__) - {"name", "glsl_version"}
-    known = limits | {"passes", "storage"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise GlcompError(f"unknown compile options {unknown}; known: {sorted(known)}")
-    storage = options.get("storage", "f32")
-    if not isinstance(storage, str) or storage not in STORAGE:
-        raise GlcompError(f"storage must be one of {list(STORAGE)}, got {options['storage']!r}")
-    for key in set(options) & limits:
-        value, kind = options[key], Target.__dataclass_fields__[key].type
-        if kind in (bool, "bool"):
-            if not isinstance(value, bool | np.bool_):
-                raise GlcompError(f"{key} must be True or False, got {value!r}")
-        elif not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
-            raise GlcompError(f"{key} must be a positive int, got {value!r}")
-    passes = options.get("passes")
-    if passes is not None:
-        if not isinstance(passes, dict):
-            raise GlcompError(f"passes must be a dict such as {{'fusion': False}}, got {_what(passes)}")
-        bad = sorted(set(passes) - set(PASSES))
-        if bad:
-            raise GlcompError(f"unknown passes {bad}; known: {sorted(PASSES)}")
+    if "target" in options:  # a named argument of compile: never among the extra options
+        raise GlcompError("target is given twice")
+    CompileOptions.parse(options)
 
 
 def _clip(graph: Graph, names: list[str], value: float | None, norm: float | None) -> None:

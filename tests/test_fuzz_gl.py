@@ -269,7 +269,8 @@ def test_mrt_refuses_groups_past_the_loop_budget() -> None:
     alone = [fragment_iterations(graph, k.roots, set(k.leaves), webgl2.max_loop_iterations) for k in kernels]
     assert all(n <= FRAGMENT_LOOP_BUDGET for n in alone) and sum(alone) > FRAGMENT_LOOP_BUDGET
     layouts = {n: layout_for(graph.shape(n), webgl2.max_texture_size) for n in graph.nodes()}
-    assert len(mrt_fusion(kernels, graph, layouts, webgl2, fixed=set())) == 2
+    merged, _ = mrt_fusion(kernels, graph, layouts, webgl2, fixed=set())
+    assert len(merged) == 2
 
 
 def test_kernel_past_the_budget_even_unrolled_is_refused() -> None:

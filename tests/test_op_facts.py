@@ -30,11 +30,11 @@ CODEGEN = Path(glcomp.__file__).parent / "codegen"
 
 # String literals equal to an op name that a codegen module may hold, each for a reason that is
 # not a per-op kernel fact. split_wide is a graph rewrite of concat and slice themselves (it builds
-# and matches those nodes; it renders nothing); schema labels a manifest field "input".
+# and matches those nodes; it renders nothing); plan labels why a value is stored ("input").
 ALLOWED = {
     ("split_wide.py", "concat"): "split_wide rewrites concat trees",
     ("split_wide.py", "slice"): "split_wide narrows slices of concats",
-    ("schema.py", "input"): "the manifest field label in schema messages",
+    ("plan.py", "input"): "the label of a storage reason (KernelPlan.stored), not an op test",
     ("tiled.py", "matmul"): "the kernel family (Op.kind) the blocked kernel replaces, not an op name",
 }
 

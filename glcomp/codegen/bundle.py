@@ -14,27 +14,24 @@ from typing import Any
 
 import numpy as np
 
-from glcomp.codegen.blend import BlendPlan, blend_accumulation
+from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.layout import Layout, layout_for
-from glcomp.codegen.memplan import Pool, plan_memory
-from glcomp.codegen.mrt import mrt_fusion
-from glcomp.codegen.plan import Kernel, plan_kernels
+from glcomp.codegen.memplan import Pool
+from glcomp.codegen.options import OFF_BY_DEFAULT as OPTION_OFF_BY_DEFAULT
+from glcomp.codegen.options import PASSES as OPTION_PASSES
+from glcomp.codegen.options import STORAGE, CompileOptions
+from glcomp.codegen.pipeline import check_pass_name, run_pipeline
+from glcomp.codegen.plan import Kernel
 from glcomp.codegen.programs import canonical, merge_origins, sharing_key
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
-from glcomp.codegen.split_wide import split_wide
-from glcomp.codegen.target import Target, make_target
-from glcomp.codegen.tiled import choose_tiling, render_tiled, split_epilogues
+from glcomp.codegen.target import Target
+from glcomp.codegen.tiled import render_tiled
 from glcomp.errors import GlcompError
-from glcomp.ir.graph import Graph
-from glcomp.ir.ops import get_op
-from glcomp.ir.passes import fold_views, split_reductions, transpose_pushdown
-from glcomp.ir.tensor import Tensor
 from glcomp.program import ENTRY_POINTS, Program
 
 FORMAT = "glcomp-bundle"
 VERSION = 2
-TARGET_LIMITS = ("max_texture_size", "max_draw_buffers", "max_texture_units", "max_loop_iterations")
 
 
 @dataclass
@@ -76,74 +73,31 @@ class Bundle:
         return Bundle(manifest, dict(self.shaders), new, self.program)
 
 
-def _state_outputs(graph: Graph) -> dict[str, str]:
-    """Output name -> state name for the values an entry point writes back."""
-    out = {}
-    for key in graph.outputs:
-        kind, _, name = key.partition(":")
-        if kind in ("param", "buffer", "state"):
-            out[key] = name
-    return out
+# The switchable passes and their defaults live with the typed options (one source); kept here
+# under their old names for callers that list them.
+PASSES = OPTION_PASSES
+OFF_BY_DEFAULT = set(OPTION_OFF_BY_DEFAULT)
+__all__ = ["OFF_BY_DEFAULT", "PASSES", "STORAGE", "Bundle", "build_bundle", "load_bundle"]
 
 
-def _isolate_state_outputs(graph: Graph) -> Graph:
-    """Give every written-back state a node of its own (a state's new texture must not be an
-    input texture or shared with another output), inserting identity copies where needed."""
-    g = graph.copy()
-    seen: set[int] = set()
-    for key in _state_outputs(g):
-        n = g.outputs[key]
-        if get_op(g.op(n)).feed or n in seen:
-            g.outputs[key] = Tensor(g, n).detach().node
-        seen.add(g.outputs[key])
-    return g
-
-
-PASSES = {
-    "fusion": "fuse elementwise, movement and index ops into the kernels that read them",
-    "epilogue": "run a loop kernel (matmul, conv, reduce, pool) inside the elementwise kernel "
-    "that alone reads it",
-    "mrt": "write results of consecutive kernels that share inputs from one draw call",
-    "memplan": "reuse temporary textures by liveness",
-    "pushdown": "push transposes below matmuls and sums (IR rewrite)",
-    "blend": "accumulate sums of kernel results with additive blending (float-blend targets)",
-    "fold_views": "fold transposes of transposes and reshapes of reshapes (IR rewrite, exact)",
-    "split_reductions": "reduce long sums and maxima with few outputs in two parallel stages (IR rewrite)",
-}
-
-
-# Measured on the test LSTM: pushing transposes down costs more draws than MRT fusion saves
-# there, so it is opt-in (it is what lets blending accumulate transposed weight gradients).
-OFF_BY_DEFAULT = {"pushdown"}
+def options_of(program: Program) -> CompileOptions:
+    """The program's compile options, checked and typed (GlcompError naming a bad one)."""
+    return CompileOptions.parse(program.options)
 
 
 def passes_of(program: Program) -> dict[str, bool]:
     """The code-generation passes in effect: all on unless `passes={...}` switched some off."""
-    given = program.options.get("passes") or {}
-    unknown = set(given) - set(PASSES)
-    if unknown:
-        raise GlcompError(f"unknown passes {sorted(unknown)}; known: {sorted(PASSES)}")
-    return {name: bool(given.get(name, name not in OFF_BY_DEFAULT)) for name in PASSES}
+    return dict(options_of(program).passes)
 
 
-# Texel formats of temporary textures (compile option ``storage=``). A texture record in the
-# manifest carries ``"format": "f16"`` when it is RGBA16F; without the field it is RGBA32F, so
-# bundles compiled with the default ``storage="f32"`` are byte for byte what they were before the
-# option existed. Shaders compute in highp (float32) registers either way: only what a texel
-# holds between draws is rounded to half precision.
-STORAGE = {
-    "f32": "RGBA32F textures everywhere (the default)",
-    "f16": "RGBA16F temporaries (activations, gradients): half their texture memory and bandwidth; "
-    "states (parameters, buffers, optimizer moments), entry inputs and the loss stay RGBA32F",
-}
-
-
+# Texel formats of temporary textures (compile option ``storage=``, see options.STORAGE). A
+# texture record in the manifest carries ``"format": "f16"`` when it is RGBA16F; without the field
+# it is RGBA32F, so bundles compiled with the default ``storage="f32"`` are byte for byte what
+# they were before the option existed. Shaders compute in highp (float32) registers either way:
+# only what a texel holds between draws is rounded to half precision.
 def storage_of(program: Program) -> str:
     """The ``storage=`` option in effect ("f32" unless given)."""
-    storage = program.options.get("storage", "f32")
-    if storage not in STORAGE:
-        raise GlcompError(f"storage must be one of {list(STORAGE)}, got {storage!r}")
-    return str(storage)
+    return options_of(program).storage
 
 
 def texture_formats(entries: dict[str, Any], temporaries: set[str], storage: str) -> dict[str, str]:
@@ -179,13 +133,26 @@ def texture_formats(entries: dict[str, Any], temporaries: set[str], storage: str
 
 
 def target_of(program: Program) -> Target:
-    limits = {k: program.options[k] for k in TARGET_LIMITS + ("float_blend",) if k in program.options}
-    return make_target(program.options.get("target", "webgl2"), **limits)
+    """The target the program is compiled for, with its limits."""
+    return options_of(program).make_target()
 
 
-def build_bundle(program: Program) -> Bundle:
-    """Lower every entry point of `program` to shaders and draw schedules."""
-    target = target_of(program)
+def entry_plan(program: Program, entry: str) -> KernelPlan:
+    """The plan of `entry` before any pass: its IR graph, the target and the pass switches of
+    the program's options, and the names of its persistent states."""
+    options = options_of(program)
+    states = frozenset({**program.params, **program.buffers, **program.opt_state})
+    return KernelPlan(entry, program.graphs[entry], options.make_target(), options.passes, states)
+
+
+def build_bundle(program: Program, dump_after: str | None = None, check: bool = False) -> Bundle:
+    """Lower every entry point of `program` to shaders and draw schedules, through the passes of
+    glcomp.codegen.pipeline.PIPELINE. `dump_after` names a pass: the kernel plan of each entry
+    point is printed after it (GlcompError listing the passes for an unknown name). With
+    `check`, glcomp.codegen.kernel_plan.check_plan checks the plan after every pass."""
+    check_pass_name(dump_after)
+    options = options_of(program)
+    target = options.make_target()
     size = target.max_texture_size
     pool = Pool()
     programs: dict[str, dict[str, Any]] = {}
@@ -212,17 +179,8 @@ def build_bundle(program: Program) -> Bundle:
     entries: dict[str, Any] = {}
     for entry in ENTRY_POINTS:
         if entry in program.graphs:
-            entries[entry] = _lower_entry(
-                entry,
-                program,
-                program.graphs[entry],
-                target,
-                pool,
-                programs,
-                shaders,
-                by_source,
-                states,
-            )
+            plan = run_pipeline(entry_plan(program, entry), dump_after, check)
+            entries[entry] = _emit_entry(plan, pool, programs, shaders, by_source)
 
     # Only textures some draw, input or output names: loaders refuse a bundle declaring others
     # (a pool texture can lose its last use when draws are merged into blended ones).
@@ -238,7 +196,7 @@ def build_bundle(program: Program) -> Bundle:
         if isinstance(ref, str)
     }
     textures = {name: {"width": w, "height": h} for name, (w, h) in pool.sizes().items() if name in named}
-    for name, fmt in texture_formats(entries, set(textures), storage_of(program)).items():
+    for name, fmt in texture_formats(entries, set(textures), options.storage).items():
         if fmt != "f32":  # no field means RGBA32F: f32 manifests stay as they were
             textures[name]["format"] = fmt
     textures |= {name: {"width": w, "height": h} for name, (w, h) in state_sizes.items()}
@@ -260,79 +218,27 @@ def build_bundle(program: Program) -> Bundle:
         "programs": programs,
         "entries": entries,
         "memory": {"texture_bytes": peak, "textures": len(textures)},
-        "passes": {k: bool(v) for k, v in sorted(passes_of(program).items())},
+        "passes": {k: bool(v) for k, v in sorted(options.passes.items())},
     }
     weights = {k: np.asarray(v, np.float32) for k, v in init.items()}
     weights |= {k: np.asarray(v, np.int64) for k, v in program.counters.items()}
     return Bundle(manifest, shaders, weights, program.to_json())
 
 
-def _lower_entry(
-    entry: str,
-    program: Program,
-    graph: Graph,
-    target: Target,
+def _emit_entry(
+    plan: KernelPlan,
     pool: Pool,
     programs: dict[str, Any],
     shaders: dict[str, str],
     by_source: dict[str, str],
-    states: dict[str, Any],
 ) -> dict[str, Any]:
-    size = target.max_texture_size
-    passes = passes_of(program)
-    # IR rewrites first; then a written-back state must not alias an input or another output.
-    if passes["pushdown"]:
-        graph = transpose_pushdown(graph)
-    if passes["fold_views"]:  # so loop kernels see stored operands behind double transposes
-        graph = fold_views(graph)
-    if passes["split_reductions"]:  # before planning: each stage becomes a kernel of its own
-        graph = split_reductions(graph)
-    graph = _isolate_state_outputs(split_wide(graph, target))
-    layouts: dict[int, Layout] = {n: layout_for(graph.shape(n), size) for n in graph.nodes()}
-    pages = {n: lay.pages for n, lay in layouts.items()}
-    kernels, stored = plan_kernels(graph, target, pages, passes["fusion"], passes["epilogue"])
-    hypers = {n: graph.attrs(n)["name"] for n in graph.inputs.values() if graph.attrs(n)["role"] == "hyper"}
-    renderer = KernelRenderer(graph, layouts, target)
-
-    # Where each stored value lives: a state texture set, or a temporary from the pool.
-    state_in = {n: graph.attrs(n)["name"] for n in graph.inputs.values() if graph.attrs(n)["name"] in states}
-    state_out = {graph.outputs[k]: name for k, name in _state_outputs(graph).items()}
-    data_in = {
-        graph.attrs(n)["name"]: n
-        for n in graph.inputs.values()
-        if graph.attrs(n)["role"] in ("data", "target")
-    }
-    readback = {k: n for k, n in graph.outputs.items() if k not in _state_outputs(graph)}
-
-    if passes["mrt"]:
-        kernels = mrt_fusion(kernels, graph, layouts, target, fixed=set(state_out))
-
-    blends = BlendPlan()
-    if passes["blend"] and target.float_blend:
-        kernels, blends = blend_accumulation(kernels, graph, layouts)
-
-    def written(k: Kernel) -> list[int]:
-        return [blends.into.get(r, r) for r in k.roots]
-
-    # Large matmuls run as a register-blocked draw into tiles plus a gather draw (see tiled.py).
-    kernels, products = split_epilogues(kernels, graph, layouts, target, keep=set(blends.blend))
-    stored |= products
-    tiling = {k.name: choose_tiling(graph, k, layouts, target) for k in kernels if k.name not in blends.blend}
-    tilings = {name: t for name, t in tiling.items() if t is not None}
-    steps = []
-    for k in kernels:
-        t = tilings.get(k.name)
-        steps += [(t.tiles, k.leaves), (written(k), t.tiles)] if t else [(written(k), k.leaves)]
-    temp_sizes = {
-        n: [(layouts[n].width, layouts[n].height)] * layouts[n].pages
-        for n in stored
-        if n not in state_in and n not in state_out and n not in hypers
-    }
-    for t in tilings.values():
-        lay = t.tile_layout(size)
-        temp_sizes |= {tile: [(lay.width, lay.height)] for tile in t.tiles}
-    reuse = passes["memplan"]
-    temps = plan_memory(steps, temp_sizes, set(readback.values()), pool, reuse)
+    """An entry point's manifest record from its final plan: textures named from the shared
+    `pool`, each kernel rendered (programs shared by identical sources), its draws listed."""
+    graph, layouts = plan.graph, plan.layouts
+    hypers = plan.hypers()
+    renderer = KernelRenderer(graph, dict(layouts), plan.target)
+    state_in, state_out = plan.state_in(), plan.state_out()
+    temps = {v: [pool.texture(size, index) for size, index in slots] for v, slots in plan.memory.items()}
 
     def ref(n: int, page: int) -> Any:
         if n in state_in:
@@ -342,30 +248,38 @@ def _lower_entry(
         return temps[n][page]
 
     draws = []
-    for kernel in kernels:
-        t = tilings.get(kernel.name)
+    size = plan.target.max_texture_size
+    for kernel in plan.kernels:
+        t = plan.tilings.get(kernel.name)
         if t is None:
-            parts = [(renderer.render(kernel, hypers), written(kernel), layouts[kernel.roots[0]])]
-        else:
-            block, gather = render_tiled(t, kernel, layouts, target)
-            parts = [(block, t.tiles, t.tile_layout(size)), (gather, written(kernel), layouts[t.node])]
-        draws += _draws(kernel, parts, ref, blends, programs, shaders, by_source)
+            parts = [(renderer.render(kernel, hypers), plan.written(kernel), layouts[kernel.roots[0]])]
+        else:  # a register-blocked draw into tiles, then a gather draw (glcomp.codegen.tiled)
+            block, gather = render_tiled(t, kernel, dict(layouts), plan.target)
+            parts = [(block, t.tiles, t.tile_layout(size)), (gather, plan.written(kernel), layouts[t.node])]
+        draws += _draws(kernel, parts, ref, plan.blended, programs, shaders, by_source)
     return {
-        "inputs": {name: [ref(n, p) for p in range(layouts[n].pages)] for name, n in data_in.items()},
+        "inputs": {name: [ref(n, p) for p in range(layouts[n].pages)] for name, n in plan.data_in().items()},
         "outputs": {
             name: {"layout": layouts[n].to_json(), "textures": [ref(n, p) for p in range(layouts[n].pages)]}
-            for name, n in readback.items()
+            for name, n in plan.readback().items()
         },
         "updates": sorted(set(state_out.values())),
         "draws": draws,
     }
 
 
+def load_bundle(directory: str | Path) -> Bundle:
+    """Read and validate a bundle directory; raises GlcompError naming the fault."""
+    from glcomp.codegen.schema import read_bundle
+
+    return read_bundle(Path(directory))
+
+
 def _draws(
     kernel: Kernel,
     parts: list[tuple[Any, list[int], Layout]],
     ref: Any,
-    blends: BlendPlan,
+    blended: frozenset[str],
     programs: dict[str, Any],
     shaders: dict[str, str],
     by_source: dict[str, str],
@@ -405,15 +319,8 @@ def _draws(
                     | {u: {"int": v} for u, v in offsets.items()},
                     "page_offset": page * out.page_texels,
                     "targets": [ref(r, page) for r in targets],
-                    "blend": kernel.name in blends.blend,
+                    "blend": kernel.name in blended,
                     "viewport": [out.width, out.height],
                 }
             )
     return draws
-
-
-def load_bundle(directory: str | Path) -> Bundle:
-    """Read and validate a bundle directory; raises GlcompError naming the fault."""
-    from glcomp.codegen.schema import read_bundle
-
-    return read_bundle(Path(directory))

@@ -29,6 +29,9 @@ class Pool:
         return {name: size for size, group in self.names.items() for name in group}
 
 
+Slot = tuple[tuple[int, int], int]  # (texture size, index among the textures of that size)
+
+
 def plan_memory(
     steps: list[tuple[list[int], list[int]]],
     sizes: dict[int, list[tuple[int, int]]],
@@ -36,7 +39,19 @@ def plan_memory(
     pool: Pool,
     reuse: bool = True,
 ) -> dict[int, list[str]]:
-    """Assign textures (one per page) to temporaries.
+    """`assign_slots`, named by the textures of `pool` (which grows as needed)."""
+    slots = assign_slots(steps, sizes, pinned, reuse)
+    return {v: [pool.texture(size, index) for size, index in s] for v, s in slots.items()}
+
+
+def assign_slots(
+    steps: list[tuple[list[int], list[int]]],
+    sizes: dict[int, list[tuple[int, int]]],
+    pinned: set[int],
+    reuse: bool = True,
+) -> dict[int, list[Slot]]:
+    """Assign texture slots (one per page; a slot is a size and an index among the textures of
+    that size) to temporaries.
 
     `steps` lists, in execution order, each kernel's (values written, values read); values read
     before any step writes them are the entry's uploaded inputs. `pinned` values live to the end
@@ -52,9 +67,9 @@ def plan_memory(
         last_use[v] = len(steps)
     free: dict[tuple[int, int], list[int]] = defaultdict(list)
     used: dict[tuple[int, int], int] = defaultdict(int)
-    slots: dict[int, list[tuple[tuple[int, int], int]]] = {}
+    slots: dict[int, list[Slot]] = {}
 
-    def take(size: tuple[int, int]) -> tuple[tuple[int, int], int]:
+    def take(size: tuple[int, int]) -> Slot:
         if reuse and free[size]:
             return size, free[size].pop(0)
         used[size] += 1
@@ -76,4 +91,4 @@ def plan_memory(
     for v in sizes:  # values no kernel touches (an input returned as is): textures of their own
         if v not in slots:
             slots[v] = [take(s) for s in sizes[v]]
-    return {v: [pool.texture(size, index) for size, index in s] for v, s in slots.items()}
+    return slots

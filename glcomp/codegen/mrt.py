@@ -11,6 +11,8 @@ a framebuffer must have one size (WebGL 2), so the group's values get a common f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.plan import FUSIBLE, Kernel
 from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
@@ -28,16 +30,17 @@ def _fusible_root(graph: Graph, n: int) -> bool:
 def mrt_fusion(
     kernels: list[Kernel],
     graph: Graph,
-    layouts: dict[int, Layout],
+    layouts: Mapping[int, Layout],
     target: Target,
     fixed: set[int],
-) -> list[Kernel]:
+) -> tuple[list[Kernel], dict[int, Layout]]:
     """Merge runs of consecutive kernels into multi-target kernels.
 
     Guarantees: execution order stays valid (members are consecutive, and a member reads an
     earlier member's value only by recomputing it inline); a group has at most
     `max_draw_buffers` targets and at most `max_texture_units` samplers; every root of a group
-    gets a layout of the same width and height (`layouts` is updated in place), and values in
+    gets a layout of the same width and height (returned: the new layout of every value whose
+    footprint changed; `layouts` itself is not changed), and values in
     `fixed` (state textures with a preset layout) only join groups whose footprint they already
     have; a group runs at most FRAGMENT_LOOP_BUDGET loop iterations per texel over all its roots
     (software rasterizers stop a shader's loops past a shared limit, so stacking long loops in
@@ -45,6 +48,8 @@ def mrt_fusion(
     fused into it. A kernel joins a group only when it shares a texture read with it or reads one of its
     results: otherwise merging saves nothing worth the larger shader.
     """
+    layouts = dict(layouts)  # the caller's mapping stays as it was
+    resized: dict[int, Layout] = {}
     out: list[Kernel] = []
     producer: dict[int, int] = {}  # stored value -> index in `out` of the kernel writing it
     for k in kernels:
@@ -55,9 +60,11 @@ def mrt_fusion(
         # inline (elementwise roots only) or refuses.
         lowest = max(ready, len(out) - LOOKBACK, 0)
         for j in range(len(out) - 1, lowest - 1, -1):
-            merged = _try_merge(out[j], k, graph, layouts, target, fixed)
-            if merged is not None:
-                out[j] = merged
+            tried = _try_merge(out[j], k, graph, layouts, target, fixed)
+            if tried is not None:
+                out[j], changed = tried
+                layouts.update(changed)
+                resized.update(changed)
                 placed = j
                 break
         if placed is None:
@@ -65,7 +72,7 @@ def mrt_fusion(
             placed = len(out) - 1
         for r in k.roots:
             producer[r] = placed
-    return out
+    return out, resized
 
 
 # Cost model, in element-operations: one draw call costs about as much as this much shader work
@@ -113,8 +120,11 @@ def _root_work(graph: Graph, r: int, leaves: set[int], limit: int) -> int:
 
 
 def _try_merge(
-    g: Kernel, k: Kernel, graph: Graph, layouts: dict[int, Layout], target: Target, fixed: set[int]
-) -> Kernel | None:
+    g: Kernel, k: Kernel, graph: Graph, layouts: Mapping[int, Layout], target: Target, fixed: set[int]
+) -> tuple[Kernel, dict[int, Layout]] | None:
+    """The kernel writing the roots of `g` and then `k` from one draw, with the new layouts of
+    the roots it resizes to a common footprint, or None when the merge is not allowed or does
+    not pay."""
     if len(g.roots) + len(k.roots) > target.max_draw_buffers:
         return None
     roots = g.roots + k.roots
@@ -157,8 +167,8 @@ def _try_merge(
             resized[r] = Layout(
                 new.shape, new.rows, new.row_len, new.row_texels, new.texels, width, height, 1
             )
-    layouts.update(resized)
     body = sorted(set(g.body) | set(k.body) | set(reads_group))
     origins = sorted(set(g.origins) | set(k.origins))
     template = g.template if g.template == k.template else "mixed"
-    return Kernel(f"{g.name}+{k.name.split('_', 1)[0]}", roots, body, leaves, template, origins)
+    name = f"{g.name}+{k.name.split('_', 1)[0]}"
+    return Kernel(name, roots, body, leaves, template, origins), resized

@@ -9,7 +9,7 @@ than one reader (counted through views) gets a texture of its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from glcomp.codegen.target import Target
@@ -32,10 +32,11 @@ def _constant(graph: Graph, n: int) -> bool:
     return rule.kind == "source" and not rule.feed
 
 
-@dataclass
+@dataclass(frozen=True)
 class Kernel:
     """One draw call's worth of work: `roots` are written (one render target each), `body` are
-    the fused nodes computed on the way (topological order), `leaves` the textures read."""
+    the fused nodes computed on the way (topological order), `leaves` the textures read.
+    Kernels are values: passes build new ones and never change the lists of one they were given."""
 
     name: str
     roots: list[int]
@@ -82,32 +83,55 @@ def materialized(graph: Graph, fusion: bool = True) -> set[int]:
     """The nodes whose values are stored in textures: inputs, outputs, loop-kernel results and
     computed values read more than once. Constants and views of stored values never are.
     With `fusion` off every computed node is stored (one kernel per op, to measure fusion)."""
-    stored: set[int] = set()
+    return set(storage_reasons(graph, fusion))
+
+
+# Why a value is stored (KernelPlan.stored): the first reason that applies, in this order.
+INPUT, OUTPUT, STATE, LOOP, MULTI_READER, LOOP_OPERAND, UNFUSED, TEXTURE_UNITS = (
+    "input",
+    "output",
+    "state",
+    "loop",
+    "multi-reader",
+    "loop-operand",
+    "unfused",
+    "texture-units",
+)
+
+
+def storage_reasons(graph: Graph, fusion: bool = True, order: list[int] | None = None) -> dict[int, str]:
+    """`materialized` with the reason each node is stored (INPUT, OUTPUT, LOOP, MULTI_READER,
+    LOOP_OPERAND, or UNFUSED with `fusion` off), in the order the nodes were chosen. `order` is
+    graph.topo() when the caller has it."""
     if not fusion:
         return {
-            n
+            n: INPUT if _fed(graph, n) else UNFUSED
             for n in graph.nodes()
             if not _constant(graph, n) and not (_fed(graph, n) and graph.attrs(n)["role"] == "hyper")
         }
+    order = graph.topo() if order is None else order
+    stored: dict[int, str] = {}
     memo: dict[int, int] = {}
     outputs = set(graph.outputs.values())
-    for n in graph.topo():
+    for n in order:
         kind = get_op(graph.op(n)).kind
-        if n in outputs or (_fed(graph, n) and graph.attrs(n)["role"] != "hyper"):
-            stored.add(n)
+        if _fed(graph, n) and graph.attrs(n)["role"] != "hyper":
+            stored[n] = INPUT
+        elif n in outputs:
+            stored[n] = OUTPUT
         elif kind in LOOP_KINDS:
-            stored.add(n)
+            stored[n] = LOOP
         elif kind in ("elementwise", "index") and _readers_through_views(graph, n, memo) > 1:
-            stored.add(n)
+            stored[n] = MULTI_READER
     # A matmul or convolution reads each operand element many times; a fused operand would be
     # recomputed at every read, so store operands that are more than a cheap op or two.
-    for n in graph.topo():
+    for n in order:
         if get_op(graph.op(n)).rereads:
             for src in graph.operands(n):
                 while get_op(graph.op(src)).kind == "movement" and src not in stored:
                     (src,) = graph.operands(src)[:1]
-                if src not in stored and _recompute_cost(graph, src, stored) > CHEAP_OPS:
-                    stored.add(src)
+                if src not in stored and _recompute_cost(graph, src, stored.keys()) > CHEAP_OPS:
+                    stored[src] = LOOP_OPERAND
     return stored
 
 
@@ -127,13 +151,13 @@ def _epilogue_reader(graph: Graph, n: int, stored: set[int]) -> int | None:
         n = user
 
 
-def _fuse_epilogues(graph: Graph, stored: set[int]) -> None:
+def fuse_epilogues(graph: Graph, stored: set[int], order: list[int] | None = None) -> None:
     """Un-store loop results that one elementwise kernel reads once per element: the loop then
     runs inside that kernel (a matmul with its bias add, or with the SGD update that consumes
-    it) and saves a draw and a texture."""
+    it) and saves a draw and a texture. `order` is graph.topo() when the caller has it."""
     outputs = set(graph.outputs.values())
     taken: set[int] = set()
-    for n in graph.topo():
+    for n in graph.topo() if order is None else order:
         loop = get_op(graph.op(n)).kind in LOOP_KINDS
         if loop and n in stored and n not in outputs:
             reader = _epilogue_reader(graph, n, stored)
@@ -145,10 +169,10 @@ def _fuse_epilogues(graph: Graph, stored: set[int]) -> None:
 
 
 def _fused_region(
-    graph: Graph, root: int, stored: set[int], index: _Index | None = None
+    graph: Graph, root: int, stored: Collection[int], index: NodeIndex | None = None
 ) -> tuple[list[int], list[int]]:
     """Nodes computed inside root's kernel and the stored leaves it reads."""
-    index = index or _Index(graph)
+    index = index or NodeIndex(graph)
     body: set[int] = set()
     leaves: set[int] = set()
     stack = list(index.operands[root])
@@ -162,16 +186,22 @@ def _fused_region(
     return sorted(body, key=index.position.__getitem__), sorted(leaves)
 
 
-class _Index:
-    """Each node's operands and position in graph.topo(), computed once per plan."""
+class NodeIndex:
+    """Each node's operands and position in graph.topo(), computed once per plan (or taken
+    from `order` and `operands` when the caller has them)."""
 
-    def __init__(self, graph: Graph) -> None:
-        self.topo = graph.topo()
+    def __init__(
+        self,
+        graph: Graph,
+        order: list[int] | None = None,
+        operands: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
+        self.topo = graph.topo() if order is None else order
         self.position = {n: i for i, n in enumerate(self.topo)}
-        self.operands = {n: graph.operands(n) for n in self.topo}
+        self.operands = operands if operands is not None else {n: graph.operands(n) for n in self.topo}
 
 
-def _leaf_sets(graph: Graph, body: list[int], stored: set[int], index: _Index) -> dict[int, set[int]]:
+def _leaf_sets(graph: Graph, body: list[int], stored: set[int], index: NodeIndex) -> dict[int, set[int]]:
     """For each node of a fused region (in topological order): the stored leaves it reads."""
     sets: dict[int, set[int]] = {}
     for b in body:
@@ -203,9 +233,18 @@ def plan_kernels(
     """
     stored = materialized(graph, fusion)
     if fusion and epilogue:
-        _fuse_epilogues(graph, stored)
-    kernels: list[Kernel] = []
-    index = _Index(graph)
+        fuse_epilogues(graph, stored)
+    index = NodeIndex(graph)
+    store_for_texture_units(graph, target, pages, stored, index)
+    return form_kernels(graph, stored, index), stored
+
+
+def store_for_texture_units(
+    graph: Graph, target: Target, pages: dict[int, int], stored: set[int], index: NodeIndex
+) -> list[int]:
+    """Add fused operands to `stored` until no kernel samples more texture pages than the target
+    has units; returns the nodes added, in the order they were chosen (see plan_kernels)."""
+    added: list[int] = []
     limit = target.max_texture_units
     changed = True
     while changed:  # storing one more value can only reduce sampler pressure elsewhere
@@ -229,8 +268,16 @@ def plan_kernels(
                 reads = {b: _samplers(graph, sets[b], pages) for b in candidates}
                 best = max(candidates, key=lambda b: (reads[b] <= limit, reads[b], -b))
                 stored.add(best)
+                added.append(best)
                 changed = True
                 body, leaves = _fused_region(graph, n, stored, index)
+    return added
+
+
+def form_kernels(graph: Graph, stored: Collection[int], index: NodeIndex) -> list[Kernel]:
+    """One kernel per stored non-input node, in topological order: the node as its root, the
+    fused nodes it computes as its body and the stored values it reads as its leaves."""
+    kernels: list[Kernel] = []
     for n in index.topo:
         if n not in stored or _fed(graph, n):
             continue
@@ -239,4 +286,4 @@ def plan_kernels(
         template = rule.template if rule.kind not in FUSIBLE and rule.kind != "source" else "map"
         origins = sorted({graph.node(m)["origin"] for m in [*body, n] if graph.node(m)["origin"]})
         kernels.append(Kernel(f"k{len(kernels)}_{graph.op(n)}", [n], body, leaves, template, origins))
-    return kernels, stored
+    return kernels

@@ -1,0 +1,423 @@
+"""The kernel plan and the pipeline of passes: golden plans after each pass on small models,
+`check_plan` after every pass on several models and pass settings (and on broken plans), no pass
+changing the plan it is given, ``dump_after=``, typed compile options, and codegen time growing
+about linearly with the model."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import glcomp
+from glcomp import nn, optim
+from glcomp.codegen import bundle
+from glcomp.codegen.bundle import build_bundle, entry_plan
+from glcomp.codegen.kernel_plan import KernelPlan, check_plan
+from glcomp.codegen.layout import layout_for
+from glcomp.codegen.options import PASSES, CompileOptions
+from glcomp.codegen.pipeline import PASS_NAMES, PIPELINE
+from glcomp.codegen.plan import Kernel
+from glcomp.codegen.target import make_target
+from glcomp.ir.graph import Graph
+
+
+class Twice(nn.Module):
+    """One weight used twice: its gradient is a sum of two matmuls (blending's case)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 4, bias=False)
+
+    def forward(self, x: Any) -> Any:
+        return self.l(x) + self.l(x * 2.0)
+
+
+class Seq(nn.Module):
+    """A short LSTM and a Linear head: sums over time steps in backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 5, batch_first=True)
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, x: Any) -> Any:
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+def _program(
+    model: nn.Module, inputs: dict[str, Any], loss: Any = None, opt: Any = None, **options: Any
+) -> Any:
+    glcomp.manual_seed(0)
+    return glcomp.compile(model, inputs, loss=loss, optimizer=opt, **options)
+
+
+def _plans(program: Any, entry: str) -> dict[str, KernelPlan]:
+    """The plan of `entry` after each pass, each checked."""
+    plan = entry_plan(program, entry)
+    out = {}
+    for p in PIPELINE:
+        plan = p.run(plan).replace(done=(*plan.done, p.name))
+        check_plan(plan)
+        out[p.name] = plan
+    return out
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.strip().splitlines()]
+
+
+# -- golden plans -------------------------------------------------------------------------------
+
+
+def test_fusion_and_epilogue_golden() -> None:
+    plans = _plans(_program(nn.Linear(4, 3), {"x": (2, 4)}), "predict")
+    assert _lines(str(plans["layout"])) == ["plan predict after layout: 8 nodes, 0 stored, 0 kernels"]
+    assert _lines(str(plans["fusion"])) == _lines("""
+        plan predict after fusion: 8 nodes, 5 stored, 2 kernels
+        k0_matmul matmul 2x1 writes %4(loop) reads %0:x %1:weight fuses 1 loops 16
+        k1_add map 2x1 writes %7(output) reads %2:bias %4 fuses 2 loops 0
+    """)
+    assert _lines(str(plans["epilogue"])) == _lines("""
+        plan predict after epilogue: 8 nodes, 4 stored, 1 kernels
+        k0_add map 2x1 writes %7(output) reads %0:x %1:weight %2:bias fuses 4 loops 16
+    """)
+    unfused = _plans(_program(nn.Linear(4, 3), {"x": (2, 4)}, passes={"fusion": False}), "predict")
+    assert _lines(str(unfused["epilogue"])) == _lines("""
+        plan predict after epilogue: 8 nodes, 8 stored, 5 kernels
+        k0_permute map 2x2 writes %3(unfused) reads %1:weight fuses 0 loops 0
+        k1_matmul matmul 2x1 writes %4(unfused) reads %0:x %3 fuses 0 loops 16
+        k2_reshape map 1x1 writes %5(unfused) reads %2:bias fuses 0 loops 0
+        k3_expand map 2x1 writes %6(unfused) reads %5 fuses 0 loops 0
+        k4_add map 2x1 writes %7(unfused) reads %4 %6 fuses 0 loops 0
+    """)
+
+
+def test_texture_units_golden() -> None:
+    """With 3 texture units the second layer's kernel (4 pages) stores a fused operand."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    plans = _plans(_program(model, {"x": (2, 4)}, max_texture_units=3), "predict")
+    assert "k1_add map 2x1 writes %15(output) reads %2:0.bias %3:2.weight %4:2.bias %6" in str(
+        plans["epilogue"]
+    )
+    assert _lines(str(plans["texture_units"])) == _lines("""
+        plan predict after texture_units: 16 nodes, 8 stored, 3 kernels
+        k0_matmul matmul 2x2 writes %6(loop) reads %0:x %1:0.weight fuses 1 loops 16
+        k1_matmul matmul 2x1 writes %12(texture-units) reads %2:0.bias %3:2.weight %6 fuses 5 loops 32
+        k2_add map 2x1 writes %15(output) reads %4:2.bias %12 fuses 2 loops 0
+    """)
+
+
+def test_mrt_and_memplan_golden() -> None:
+    plans = _plans(_program(nn.Linear(4, 3), {"x": (2, 4)}, loss=nn.MSELoss()), "gradients")
+    before = _lines(str(plans["texture_units"]))
+    assert before[3:5] == [
+        "k2_mul map 1x1 writes %16(multi-reader) reads - fuses 2 loops 0",
+        "k3_add map 2x1 writes %22(multi-reader) reads %9 %16 fuses 4 loops 0",
+    ]
+    assert (
+        _lines(str(plans["mrt"]))[3]
+        == "k2_mul+k3 map 2x1 writes %16(multi-reader) %22(multi-reader) reads %9 fuses 7 loops 0"
+    )
+    assert plans["mrt"].layouts[16] != plans["texture_units"].layouts[16]  # resized to the group's footprint
+    assert _lines(str(plans["memplan"])) == _lines("""
+        plan gradients after memplan: 27 nodes, 10 stored, 5 kernels, 7 texture slots
+        k0_sub map 2x1 writes %9(multi-reader)@2x1#2 reads %0:x %1:weight %2:bias %8:y fuses 5 loops 16
+        k1_mul map 1x1 writes %14(output)@1x1#0 reads %9 fuses 4 loops 24
+        k2_mul+k3 map 2x1 writes %16(multi-reader)@2x1#1 %22(multi-reader)@2x1#3 reads %9 fuses 7 loops 0
+        k4_reshape map 1x1 writes %25(output)@1x1#1 reads %22 fuses 1 loops 8
+        k5_permute map 2x2 writes %30(output)@2x2#0 reads %0:x %22 fuses 2 loops 8
+    """)
+    unshared = _plans(
+        _program(nn.Linear(4, 3), {"x": (2, 4)}, loss=nn.MSELoss(), passes={"memplan": False}), "gradients"
+    )["memplan"]
+    slots = [s for v in unshared.memory.values() for s in v]
+    assert len(slots) == len(set(slots)) == len(unshared.memory)  # nothing shared
+
+
+def test_blend_golden() -> None:
+    passes = {"pushdown": True, "mrt": False, "epilogue": False}
+    plans = _plans(_program(Twice(), {"x": (2, 4)}, loss=nn.MSELoss(), passes=passes), "gradients")
+    assert "->" not in str(plans["mrt"]) and "k10_add" in str(plans["mrt"])
+    assert _lines(str(plans["blend"]))[-2:] == [
+        "k8_matmul matmul 2x2 writes %40(loop)->%37 reads %7 %25 fuses 1 loops 8",
+        "k9_matmul matmul 2x2 writes %43(loop)->%37 reads %0:x %25 fuses 1 loops 8 blend",
+    ]
+    assert "k10_add" not in str(plans["blend"])
+    assert _lines(str(plans["memplan"]))[-1] == (
+        "k9_matmul matmul 2x2 writes %43(loop)->%37@2x2#0 reads %0:x %25 fuses 1 loops 8 blend"
+    )
+    no_blend = make_target("webgl2", float_blend=False)
+    assert (
+        PIPELINE[PASS_NAMES.index("blend")].run(dataclasses.replace(plans["mrt"], target=no_blend)).into == {}
+    )
+
+
+def test_state_targets_print_their_state() -> None:
+    plans = _plans(
+        _program(nn.Linear(4, 3), {"x": (2, 4)}, loss=nn.MSELoss(), opt=optim.SGD(lr=0.1)), "train_step"
+    )
+    text = str(plans["memplan"])
+    assert "(state)@state:weight" in text and "(state)@state:bias" in text and "%31:lr" in text
+
+
+# -- the pipeline as data -----------------------------------------------------------------------
+
+
+def test_pass_names_are_one_list() -> None:
+    assert PASS_NAMES == (
+        "pushdown",
+        "fold_views",
+        "split_reductions",
+        "split_wide",
+        "isolate_states",
+        "layout",
+        "fusion",
+        "epilogue",
+        "texture_units",
+        "mrt",
+        "blend",
+        "tiling",
+        "memplan",
+    )
+    assert all(p.run.__name__ == p.name for p in PIPELINE)
+    assert set(PASSES) <= set(PASS_NAMES) and bundle.PASSES is PASSES
+    assert {p.name for p in PIPELINE if p.switchable} == set(PASSES)
+
+
+def _snapshot(plan: KernelPlan) -> Any:
+    g = plan.graph
+    return (
+        plan.done,
+        plan.order,
+        dict(plan.layouts),
+        list(plan.stored.items()),
+        [(k.name, list(k.roots), list(k.body), list(k.leaves)) for k in plan.kernels],
+        dict(plan.into),
+        set(plan.blended),
+        dict(plan.memory),
+        sorted(g.g.edges(keys=True)),
+        {n: dict(g.node(n)) for n in g.nodes()},
+        dict(g.outputs),
+    )
+
+
+@pytest.mark.parametrize("passes", [{}, {"pushdown": True, "mrt": False, "epilogue": False}])
+def test_no_pass_changes_the_plan_it_is_given(passes: dict[str, bool]) -> None:
+    prog = _program(
+        Seq(), {"x": (2, 3, 3)}, loss=nn.CrossEntropyLoss(), opt=optim.Adam(lr=0.01), passes=passes
+    )
+    plan = entry_plan(prog, "train_step")
+    for p in PIPELINE:
+        before = _snapshot(plan)
+        new = p.run(plan)
+        assert _snapshot(plan) == before, p.name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            new.kernels = ()  # type: ignore[misc]
+        with pytest.raises(TypeError):
+            new.layouts[0] = None  # type: ignore[index]
+        plan = new.replace(done=(*plan.done, p.name))
+
+
+SETTINGS = [
+    {},
+    {"passes": {"fusion": False}},
+    {"passes": {"mrt": False, "memplan": False}},
+    {"passes": {"pushdown": True, "mrt": False, "epilogue": False}},
+    {"target": "webgl1-mobile"},
+    {"max_texture_size": 8, "max_texture_units": 4, "max_draw_buffers": 2},
+]
+
+
+@pytest.mark.parametrize("options", SETTINGS, ids=[str(s) for s in SETTINGS])
+def test_check_plan_holds_after_every_pass(options: dict[str, Any]) -> None:
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8, 3))
+    for model, inputs in [(Seq(), {"x": (2, 3, 3)}), (conv, {"x": (2, 1, 6, 6)})]:
+        prog = _program(model, inputs, loss=nn.CrossEntropyLoss(), opt=optim.Adam(lr=0.01), **options)
+        for entry in prog.graphs:
+            final = _plans(prog, entry)["memplan"]  # each plan checked
+            assert final.kernels and final.memory
+
+
+def test_build_bundle_checks_plans_when_asked() -> None:
+    prog = _program(Seq(), {"x": (2, 3, 3)}, loss=nn.CrossEntropyLoss(), opt=optim.SGD(lr=0.01))
+    assert build_bundle(prog, check=True).manifest == build_bundle(prog).manifest
+
+
+# -- check_plan catches broken plans ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def final() -> KernelPlan:
+    plans = _plans(_program(nn.Linear(4, 3), {"x": (2, 4)}, loss=nn.MSELoss()), "gradients")
+    return plans["memplan"]
+
+
+def _kernel(plan: KernelPlan, name: str) -> Kernel:
+    return next(k for k in plan.kernels if k.name == name)
+
+
+def test_check_plan_catches_kernels_out_of_order(final: KernelPlan) -> None:
+    k = list(final.kernels)
+    k[0], k[1] = k[1], k[0]
+    with pytest.raises(
+        glcomp.GlcompError, match=r"gradients after memplan: kernel k1_mul reads %9 before kernel k0_sub"
+    ):
+        check_plan(final.replace(kernels=k))
+
+
+def test_check_plan_catches_broken_plans(final: KernelPlan) -> None:
+    def broken(message: str, **changes: Any) -> None:
+        with pytest.raises(glcomp.GlcompError, match=message):
+            check_plan(final.replace(**changes))
+
+    check_plan(final)
+    k1 = _kernel(final, "k1_mul")
+    own = dataclasses.replace(k1, leaves=[*k1.leaves, 14])
+    broken("k1_mul reads its own output texture", kernels=[own if k is k1 else k for k in final.kernels])
+    broken(
+        "stored value %25 .* is written by no kernel",
+        kernels=[k for k in final.kernels if k.name != "k4_reshape"],
+    )
+    memory = {**final.memory, 16: final.memory[9]}  # %9 is still read when %16 is written
+    broken(r"%9 and %16 are alive at once in texture slot 2x1#2", memory=memory)
+    wide = layout_for((3,), 16, width=4)
+    broken(
+        "the targets of kernel k2_mul\\+k3 do not share one viewport size",
+        layouts={**final.layouts, 16: wide},
+    )
+    broken(
+        "k2_mul\\+k3 has 2 targets, past max_draw_buffers 1", target=make_target("webgl2", max_draw_buffers=1)
+    )
+    broken("k1_mul reads %9, a term blended into %14", into={9: 14})
+    broken("blend target %14 is not a stored sum", into={25: 14})
+    broken("%30 comes before its operand", order=tuple(reversed(final.order)))
+    fused = dataclasses.replace(k1, body=[*k1.body, 9])
+    broken("k1_mul recomputes stored value %9", kernels=[fused if k is k1 else k for k in final.kernels])
+    starved = dataclasses.replace(k1, leaves=[])
+    broken(
+        "k1_mul computes %\\d+ from %9, neither fused into it nor read",
+        kernels=[starved if k is k1 else k for k in final.kernels],
+    )
+
+
+# -- dump_after and options ---------------------------------------------------------------------
+
+
+def test_dump_after_prints_the_plan(capsys: Any) -> None:
+    prog = _program(nn.Linear(4, 3), {"x": (2, 4)}, loss=nn.MSELoss(), dump_after="mrt")
+    out = capsys.readouterr().out
+    assert "plan predict after mrt: 8 nodes, 4 stored, 1 kernels" in out
+    assert "k2_mul+k3 map 2x1 writes %16(multi-reader) %22(multi-reader) reads %9 fuses 7 loops 0" in out
+    assert out.count("plan ") == 2  # predict and gradients, once each
+    assert prog.bundle().manifest["entries"]["gradients"]["draws"]  # the lowering done then is kept
+    assert capsys.readouterr().out == ""
+    build_bundle(prog, dump_after="fusion")
+    assert "plan gradients after fusion" in capsys.readouterr().out
+
+
+def test_unknown_dump_name_lists_the_passes() -> None:
+    with pytest.raises(
+        glcomp.GlcompError, match=r"dump_after: unknown pass 'mrt_fusion'; passes in order: \['pushdown'"
+    ):
+        _program(nn.Linear(4, 3), {"x": (2, 4)}, dump_after="mrt_fusion")
+    with pytest.raises(glcomp.GlcompError, match=r"unknown pass 'memory'.*'memplan'"):
+        build_bundle(_program(nn.Linear(4, 3), {"x": (2, 4)}), dump_after="memory")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"max_texture_sise": 64},
+            r"unknown compile options \['max_texture_sise'\]; known: \[.*'max_texture_size'",
+        ),
+        ({"max_texture_size": 48}, "max_texture_size must be a power of two, got 48"),
+        ({"max_texture_size": "64"}, "max_texture_size must be a positive int, got '64'"),
+        ({"max_draw_buffers": True}, "max_draw_buffers must be a positive int"),
+        ({"max_texture_units": 0}, "max_texture_units must be a positive int"),
+        ({"float_blend": 1}, "float_blend must be True or False"),
+        ({"passes": {"mrt": "no"}}, r"passes\['mrt'\] must be True or False"),
+        ({"passes": {"memplan": False, "fuse": False}}, r"unknown passes \['fuse'\]; known: \['blend'"),
+        ({"passes": "fusion"}, "passes must be a dict"),
+        ({"storage": "f8"}, r"storage must be one of \['f32', 'f16'\]"),
+        ({"target": "webgl3"}, "unknown target 'webgl3'"),
+    ],
+)
+def test_compile_options_are_typed(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(glcomp.GlcompError, match=message):
+        CompileOptions.parse(options)
+    if "target" not in options:  # compile takes the target as a named argument
+        with pytest.raises(glcomp.GlcompError, match=message):
+            _program(nn.Linear(4, 3), {"x": (2, 4)}, **options)
+
+
+def test_compile_options_defaults_and_program_options() -> None:
+    default = CompileOptions.parse({})
+    assert default.target == "webgl2" and default.storage == "f32" and default.max_texture_size is None
+    assert dict(default.passes) == {name: name != "pushdown" for name in PASSES}
+    given = CompileOptions.parse(
+        {"max_texture_size": np.int64(64), "passes": {"pushdown": True, "mrt": False}}
+    )
+    assert given.max_texture_size == 64 and given.passes["pushdown"] and not given.passes["mrt"]
+    assert given.make_target().max_texture_size == 64 and given.make_target().max_draw_buffers == 4
+    prog = _program(nn.Linear(4, 3), {"x": (2, 4)}, target="webgl1", passes={"blend": False})
+    opts = bundle.options_of(prog)
+    assert opts.target == "webgl1" and not opts.passes["blend"] and opts.make_target().webgl1
+    limits = [
+        "float_blend",
+        "max_draw_buffers",
+        "max_loop_iterations",
+        "max_texture_size",
+        "max_texture_units",
+    ]
+    assert CompileOptions.names() == sorted(["passes", "storage", "target", *limits])
+
+
+# -- codegen time -------------------------------------------------------------------------------
+
+
+def _codegen_seconds(layers: int) -> float:
+    """Best of 3 process times of lowering an MLP of `layers` layers (predict and gradients)."""
+    blocks: list[nn.Module] = []
+    for _ in range(layers):
+        blocks += [nn.Linear(8, 8), nn.Tanh()]
+    prog = _program(nn.Sequential(*blocks), {"x": (4, 8)}, loss=nn.MSELoss())
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        build_bundle(prog)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def test_codegen_time_grows_about_linearly() -> None:
+    """16 times the layers costs at most 3 times 16 times the codegen time (quadratic growth
+    would cost 256 times)."""
+    one, four, sixteen = _codegen_seconds(1), _codegen_seconds(4), _codegen_seconds(16)
+    assert four / one < 4 * 3, (one, four)
+    assert sixteen / one < 16 * 3, (one, sixteen)
+
+
+def test_graph_passes_rewrite_a_new_graph() -> None:
+    """split_wide narrows ``out[:, -1]`` of the stacked LSTM outputs to the last step (the
+    concat disappears); isolate_states gives every written-back state a node of its own."""
+    plans = _plans(_program(Seq(), {"x": (2, 3, 3)}), "predict")
+    concats = {n: sum(p.graph.op(m) == "concat" for m in p.graph.nodes()) for n, p in plans.items()}
+    assert concats["split_reductions"] == 1 and concats["split_wide"] == 0
+    assert plans["split_wide"].graph is not plans["split_reductions"].graph
+
+    g = Graph()
+    p = g.add_input("p", (2,), "param")
+    g.outputs = {"param:p": p, "param:q": p}
+    switches = CompileOptions.parse({}).passes
+    plan = KernelPlan("train_step", g, make_target("webgl2"), switches, frozenset("pq"))
+    isolated = PIPELINE[PASS_NAMES.index("isolate_states")].run(plan)
+    new = isolated.graph.outputs
+    assert g.outputs == {"param:p": p, "param:q": p}  # the given plan's graph is unchanged
+    assert len({new["param:p"], new["param:q"], p}) == 3
+    assert all(isolated.graph.op(new[k]) == "stop_gradient" for k in new)
