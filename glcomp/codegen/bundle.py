@@ -28,7 +28,7 @@ from glcomp.codegen.tiled import choose_tiling, render_tiled, split_epilogues
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
-from glcomp.ir.passes import fold_views, split_reductions, transpose_pushdown
+from glcomp.ir.passes import fold_views, split_reductions, split_weight_grads, transpose_pushdown
 from glcomp.ir.tensor import Tensor
 from glcomp.program import ENTRY_POINTS, Program
 
@@ -109,6 +109,8 @@ PASSES = {
     "blend": "accumulate sums of kernel results with additive blending (float-blend targets)",
     "fold_views": "fold transposes of transposes and reshapes of reshapes (IR rewrite, exact)",
     "split_reductions": "reduce long sums and maxima with few outputs in two parallel stages (IR rewrite)",
+    "split_weight_grads": "compute long convolution weight gradients as parallel partial sums over batch "
+    "chunks (IR rewrite)",
 }
 
 
@@ -287,6 +289,8 @@ def _lower_entry(
         graph = fold_views(graph)
     if passes["split_reductions"]:  # before planning: each stage becomes a kernel of its own
         graph = split_reductions(graph)
+    if passes["split_weight_grads"]:  # before planning: each part becomes a kernel of its own
+        graph = split_weight_grads(graph)
     graph = _isolate_state_outputs(split_wide(graph, target))
     layouts: dict[int, Layout] = {n: layout_for(graph.shape(n), size) for n in graph.nodes()}
     pages = {n: lay.pages for n, lay in layouts.items()}
