@@ -173,6 +173,7 @@ def test_pass_names_are_one_list() -> None:
         "pushdown",
         "fold_views",
         "split_reductions",
+        "split_weight_grads",
         "split_wide",
         "isolate_states",
         "layout",

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from glcomp.codegen.layout import Layout
-from glcomp.codegen.plan import Kernel
+from glcomp.codegen.plan import FUSIBLE, Kernel
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
 
@@ -33,12 +33,14 @@ def blend_accumulation(
     """Replace add-tree kernels by blended writes of their terms.
 
     Guarantees: a sum is rewritten only when each term is the single result of a loop kernel
-    (not an MRT group), is read by nothing but the add tree (exactly once), is not an output,
-    and has exactly the sum's layout (one page); the term kernels keep their order, so the sum
-    is complete before its first reader runs.
+    (not an MRT group; the first term, written unblended, may be a loop result of a group), is
+    read by nothing but the add tree (exactly once), is not an output, and has exactly the sum's
+    layout (one page); the term kernels keep their order, so the sum is complete before its first
+    reader runs.
     """
     plan = BlendPlan()
     by_root = {k.roots[0]: k for k in kernels if len(k.roots) == 1}
+    in_group = {r: k for k in kernels if len(k.roots) > 1 for r in k.roots}
     outputs = set(graph.outputs.values())
     drop: set[str] = set()
     for k in kernels:
@@ -50,9 +52,18 @@ def blend_accumulation(
             continue
         uses = Counter(src for n in tree for src in graph.operands(n))
         terms = list(k.leaves)
+        writer = {t: by_root.get(t) or in_group.get(t) for t in terms}
+        if any(w is None for w in writer.values()):
+            continue
+        # The first term's draw overwrites the sum unblended, so it may also write other targets
+        # (an MRT group) when that term is a loop result; the blended terms are their draws' only
+        # result, so blending touches nothing else.
+        first = min(terms, key=lambda t: kernels.index(writer[t]))
+        single = {t: by_root[t].template != "map" for t in terms if t in by_root}
+        if first not in by_root:
+            single[first] = get_op(graph.op(first)).kind not in (*FUSIBLE, "source")
         ok = all(
-            t in by_root
-            and by_root[t].template != "map"
+            single.get(t, False)
             and uses[t] == 1
             and graph.g.out_degree(t) == 1
             and t not in outputs
@@ -62,10 +73,10 @@ def blend_accumulation(
         )
         if not ok or any(uses[n] != 1 for n in k.body):
             continue
-        order = sorted(terms, key=lambda t: kernels.index(by_root[t]))
+        order = sorted(terms, key=lambda t: kernels.index(writer[t]))
         for i, t in enumerate(order):
             plan.into[t] = total
             if i:
-                plan.blend.add(by_root[t].name)
+                plan.blend.add(writer[t].name)
         drop.add(k.name)
     return [k for k in kernels if k.name not in drop], plan

@@ -5,7 +5,8 @@ in ``passes={...}`` when it can be switched (options.PASSES), and what ``dump_af
 A pass never changes the plan it is given; one switched off returns it as it is (``fusion`` off
 still plans kernels, one per op, and ``memplan`` off still assigns textures, none shared).
 
-    pushdown, fold_views, split_reductions   IR rewrites (switchable)
+    pushdown, fold_views, split_reductions,  IR rewrites (switchable)
+    split_weight_grads
     split_wide, isolate_states               IR rewrites the target and the bundle need
     layout                                   the topological order and every node's texture layout
     fusion, epilogue, texture_units          which values are stored, and the kernels computing them
@@ -57,6 +58,14 @@ def split_reductions(plan: KernelPlan) -> KernelPlan:
     if not plan.switches["split_reductions"]:
         return plan
     return plan.replace(graph=ir.split_reductions(plan.graph))
+
+
+def split_weight_grads(plan: KernelPlan) -> KernelPlan:
+    """Split long convolution weight gradients with small outputs into partial gradients over
+    batch chunks, added up (before kernel planning: each part becomes a kernel of its own)."""
+    if not plan.switches["split_weight_grads"]:
+        return plan
+    return plan.replace(graph=ir.split_weight_grads(plan.graph))
 
 
 def split_wide(plan: KernelPlan) -> KernelPlan:
@@ -190,6 +199,7 @@ PIPELINE: tuple[Pass, ...] = tuple(
         pushdown,
         fold_views,
         split_reductions,
+        split_weight_grads,
         split_wide,
         isolate_states,
         layout,

@@ -244,9 +244,23 @@ def weight_grad_spec(r: Emitter, n: int) -> dict[str, Any]:
     return spec | {"x": r.fn(ins[0]), "g": r.fn(ins[1])}
 
 
+def _batch_view(g: Any, n: int) -> tuple[int, int]:
+    """(source, first image) of `n`: a slice of whole images (batch axis only) is read from its
+    source's texture from that image on; any other node is its own source from image 0."""
+    if g.op(n) != "slice":
+        return n, 0
+    (src,) = g.operands(n)
+    starts, stops = g.attrs(n)["starts"], g.attrs(n)["stops"]
+    if any(starts[1:]) or tuple(stops[1:]) != g.shape(src)[1:]:
+        return n, 0
+    return src, starts[0]
+
+
 def weight_grad_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | None:
     g = r.graph
-    x, gs = g.operands(n)
+    (x, n0), (gs, g0) = (_batch_view(g, i) for i in g.operands(n))
+    if n0 != g0:  # one batch chunk of both operands (a part of a split weight gradient), or neither
+        (x, n0), (gs, g0) = (g.operands(n)[0], 0), (g.operands(n)[1], 0)
     pw = g.attrs(n)["padding"][1]
     x_tex, g_tex = r.texture(x, textures), r.texture(gs, textures)
     if x_tex is None or g_tex is None:
@@ -258,6 +272,7 @@ def weight_grad_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] 
         "g_tex": g_tex,
         "O": g.shape(gs)[1],
         "C": g.shape(x)[1],
+        "n0": n0,
         "dmin": dmin,
         "D": dmax - dmin + 1,
     }
