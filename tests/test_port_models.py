@@ -1,0 +1,324 @@
+"""Training programs written in plain torch idiom (tests/ported/*.py), ported to glcomp by
+rewriting only their import lines, train like torch: forward loss, gradients, four optimizer
+steps (with the scheduler each script builds) and the weights after them, torch in float64 on
+the same float32 weights. Dropout is switched off for the comparison with torch (its masks come
+from another generator); random draws the model makes itself (a VAE's randn_like) are fed from
+glcomp to torch. A subset also trains on the GL runtime (webgl2) against the reference runtime,
+dropout on.
+
+What a port needs beyond the import lines is the driver: glcomp compiles a train step from the
+model, its loss and its optimizer (``glcomp.compile(model, shapes, loss=criterion,
+optimizer=optimizer)``) and ``runtime.train_step(**batch)`` replaces torch's ``zero_grad();
+loss.backward(); step()``; each test states any further edit.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import glcomp
+
+torch = pytest.importorskip("torch")
+
+PORTED = Path(__file__).parent / "ported"
+RTOL, ATOL = 2e-4, 1e-5
+B = 4
+
+# The import lines of torch scripts and their glcomp spellings: the whole port.
+IMPORTS = [
+    (r"import torch", "import glcomp as torch"),
+    (r"import torch\.nn as nn", "from glcomp import nn"),
+    (r"from torch import nn", "from glcomp import nn"),
+    (r"from torch import nn, optim", "from glcomp import nn, optim"),
+    (r"import torch\.nn\.functional as F", "import glcomp.nn.functional as F"),
+    (r"import torch\.optim as optim", "from glcomp import optim"),
+    (r"from torch\.optim\.lr_scheduler import (\w+)", r"from glcomp.optim.lr_scheduler import \1"),
+]
+
+
+def port(text: str) -> str:
+    """`text` with its torch import lines rewritten to glcomp's and nothing else changed."""
+    lines = []
+    for line in text.splitlines():
+        for pattern, replacement in IMPORTS:
+            if re.fullmatch(pattern, line):
+                line = re.sub(pattern, replacement, line)
+                break
+        assert not re.match(r"(import|from) torch\b", line), f"unported import line: {line}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def load(name: str, ported: bool) -> types.ModuleType:
+    text = (PORTED / f"{name}.py").read_text()
+    module = types.ModuleType(f"{'glcomp' if ported else 'torch'}_{name}")
+    exec(compile(port(text) if ported else text, str(PORTED / f"{name}.py"), "exec"), module.__dict__)
+    return module
+
+
+def both(name: str, **setup: Any) -> tuple[types.ModuleType, tuple[Any, ...], types.ModuleType, tuple[Any, ...]]:
+    """The script as written and ported, each `setup()` run, glcomp's model holding torch's
+    initial weights (the names and their order must agree); torch's model in float64."""
+    torch.manual_seed(0)
+    glcomp.manual_seed(0)
+    tmod, gmod = load(name, False), load(name, True)
+    tset, gset = tmod.setup(**setup), gmod.setup(**setup)
+    state = {k: v.detach().numpy() for k, v in tset[0].state_dict().items()}
+    assert list(state) == list(gset[0].state_dict()), "state_dict names or order differ from torch"
+    gset[0].load_state_dict(state)
+    tset[0].double()
+    return tmod, tset, gmod, gset
+
+
+def call_loss(criterion: Any, output: Any, target: Any) -> Any:
+    """torch's side of the loss contract glcomp compiles: loss(output, target), or with a tuple
+    output loss(output[0], target) or loss(output[0], target, *output[1:]) if it takes more."""
+    if not isinstance(output, tuple):
+        return criterion(output, target)
+    try:
+        inspect.signature(criterion).bind(None, None)
+    except TypeError:
+        return criterion(output[0], target, *output[1:])
+    except ValueError:
+        pass
+    return criterion(output[0], target)
+
+
+def close(got: Any, want: Any, what: str, rtol: float = RTOL, atol: float = ATOL) -> None:
+    want = want.detach().numpy() if hasattr(want, "detach") else np.asarray(want)
+    assert np.shape(got) == want.shape, what
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+
+
+def as_torch(a: np.ndarray) -> Any:
+    return torch.tensor(a) if np.issubdtype(a.dtype, np.integer) else torch.tensor(a, dtype=torch.float64)
+
+
+def train_like_torch(
+    name: str,
+    shapes: dict[str, tuple[int, ...]],
+    batch: Any,
+    setup: dict[str, Any] | None = None,
+    steps: int = 4,
+    compile_kw: dict[str, Any] | None = None,
+    torch_extra: Any = None,
+    carry: Any = None,
+    rtol: float = RTOL,
+) -> Any:
+    """Train the script `name` for `steps` steps in torch and (ported) in glcomp's reference
+    runtime and compare. `batch(step)` gives the inputs (dict, in forward's order) and the
+    target; `torch_extra(tmodel)` runs after torch's backward (gradient clipping);
+    `carry(step, runtime, feeds)` updates the feeds from the previous step (hidden states)."""
+    _, (tmodel, tcrit, topt, tsched), _, (gmodel, gcrit, gopt, gsched) = both(name, **(setup or {}))
+    prog = glcomp.compile(gmodel, shapes, loss=gcrit, optimizer=gopt, **(compile_kw or {}))
+    rt = prog.runtime("reference")
+    feeds, target = batch(0)
+    for step in range(steps):
+        if step:
+            feeds, target = batch(step)
+        if carry is not None:
+            feeds = carry(step, rt, feeds)
+        topt.zero_grad()
+        tout = tmodel(*[as_torch(v) for v in feeds.values()])
+        tloss = call_loss(tcrit, tout, as_torch(target))
+        tloss.backward()
+        if torch_extra is not None:
+            torch_extra(tmodel, tout)
+        if step == 0:
+            grads = rt.gradients(**feeds, y=target)
+            assert sorted(grads) == sorted(k for k, p in tmodel.named_parameters() if p.requires_grad)
+            for k, p in tmodel.named_parameters():
+                close(grads[k], p.grad, f"{name}: gradient of {k}", rtol=rtol)
+        topt.step()
+        got = rt.train_step(**feeds, y=target)  # the loss before the step: the forward loss
+        assert got == pytest.approx(tloss.item(), rel=rtol), f"{name}: loss at step {step}"
+        if tsched is not None:
+            tsched.step()
+            gsched.step()
+            assert rt.lr == pytest.approx(topt.param_groups[0]["lr"], rel=1e-9), "scheduled lr"
+    for k, v in tmodel.state_dict().items():
+        close(rt.state_dict()[k], v, f"{name}: {k} after {steps} steps", rtol=rtol)
+    return rt
+
+
+def rng_for(name: str) -> np.random.Generator:
+    return np.random.default_rng(sum(map(ord, name)))
+
+
+def labels_batch(name: str, shape: tuple[int, ...], classes: int, ids: int = 0) -> Any:
+    rng = rng_for(name)
+
+    def batch(step: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        x = rng.integers(0, ids, size=shape) if ids else rng.normal(size=shape)
+        return {"x": x}, rng.integers(0, classes, size=shape[0])
+
+    return batch
+
+
+# -- classification scripts: import-only ports ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "ids", "setup"),
+    [
+        ("mnist_cnn", (B, 1, 10, 10), 10, 0, {"dropout": False}),
+        ("quickstart", (B, 6, 6), 10, 0, {}),
+        ("cifar_net", (B, 3, 16, 16), 10, 0, {}),
+        ("gru_classifier", (B, 6), 3, 9, {}),
+        ("transformer_classifier", (B, 6), 3, 10, {"dropout": 0.0}),
+    ],
+)
+def test_classifier_ports_train_like_torch(
+    name: str, shape: tuple[int, ...], classes: int, ids: int, setup: dict[str, Any]
+) -> None:
+    train_like_torch(name, {"x": shape}, labels_batch(name, shape, classes, ids), setup)
+
+
+def test_autoencoder_port_trains_like_torch() -> None:
+    rng = rng_for("autoencoder")
+
+    def batch(step: int) -> Any:
+        x = rng.uniform(size=(B, 20))
+        return {"x": x}, x  # the input is the target
+
+    train_like_torch("autoencoder", {"x": (B, 20)}, batch)
+
+
+def test_time_sequence_port_trains_like_torch() -> None:
+    """LSTMCells looped over time and torch.cat, as written (torch.double spellings included);
+    Adam stands in for the original's LBFGS."""
+    t = np.arange(B)[:, None] * 0.7 + np.arange(6)[None] * 0.4
+
+    def batch(step: int) -> Any:
+        wave = np.sin(t + step)
+        return {"input": wave[:, :-1]}, wave[:, 1:]
+
+    train_like_torch("time_sequence", {"input": (B, 5)}, batch)
+
+
+def test_char_rnn_port_trains_like_torch() -> None:
+    """The tutorial's per-letter loop lives in its train(); glcomp compiles modules, so the loop
+    is written in a forward (NameClassifier) - the one edit beyond the imports."""
+    rng = rng_for("char_rnn")
+
+    def batch(step: int) -> Any:
+        line = np.eye(8)[rng.integers(0, 8, size=5)][:, None]  # (T, 1, n_letters) one-hot
+        return {"line_tensor": line}, rng.integers(0, 4, size=1)
+
+    train_like_torch("char_rnn", {"line_tensor": (5, 1, 8)}, batch)
+
+
+def test_word_language_model_port_trains_like_torch() -> None:
+    """Embedding + GRU + decoder with the hidden state carried across batches: torch detaches it
+    (repackage_hidden); glcomp's train_step returns only the loss, so the next hidden state is
+    read with predict on the same weights (dropout off: predict runs in eval mode). Clipping is
+    the compile option clip_grad_norm=0.25 in place of clip_grad_norm_."""
+    rng = rng_for("word_lm")
+    seq, layers, hid = 5, 2, 8
+    tokens = rng.integers(0, 11, size=(seq * 5 + 1, B))
+    state = {"hidden": np.zeros((layers, B, hid))}
+    torch_hidden: dict[str, Any] = {}
+
+    def batch(step: int) -> Any:
+        data, target = tokens[step * seq : (step + 1) * seq], tokens[step * seq + 1 : (step + 1) * seq + 1]
+        return {"input": data, "hidden": state["hidden"]}, target.reshape(-1)
+
+    def carry(step: int, rt: Any, feeds: dict[str, Any]) -> dict[str, Any]:
+        if step:
+            close(feeds["hidden"], torch_hidden[step - 1], f"hidden state carried into batch {step}")
+        state["hidden"] = rt.predict(**feeds)["output.1"]  # what batch(step + 1) feeds
+        return feeds
+
+    def torch_side(tmodel: Any, output: Any) -> None:
+        torch_hidden[len(torch_hidden)] = output[1].detach()  # repackage_hidden
+        torch.nn.utils.clip_grad_norm_(tmodel.parameters(), 0.25)
+
+    rt = train_like_torch(
+        "word_lm",
+        {"input": (seq, B), "hidden": (layers, B, hid)},
+        batch,
+        {"rnn_type": "GRU", "dropout": 0.0},
+        compile_kw={"clip_grad_norm": 0.25},
+        torch_extra=torch_side,
+        carry=carry,
+    )
+    assert len(torch_hidden) == 4 and rt.optimizer_state() is not None
+
+
+# -- the VAE: a loss function of (recon_x, x, mu, logvar) and randn_like ----------------------------
+class Noise(glcomp.nn.Module):
+    def forward(self, h: Any) -> Any:
+        return glcomp.randn_like(h)
+
+
+def noise_at(shape: tuple[int, ...], step: int) -> np.ndarray:
+    """The normal draws of the first randn_like of a trace at `step` (seed 0)."""
+    glcomp.manual_seed(0)
+    rt = glcomp.compile(Noise(), {"h": shape}).runtime("reference")
+    rt.load_state_dict(rt.state_dict(), optimizer={"rng.step": np.float32(step)})
+    return rt.predict(h=np.zeros(shape, np.float32))
+
+
+def test_vae_port_trains_like_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss function takes (recon_x, x, mu, logvar): glcomp calls a loss of more than two
+    parameters as loss(output[0], target, *output[1:]). torch's randn_like is fed glcomp's draws."""
+    rng = rng_for("vae")
+    eps = {s: noise_at((B, 3), s) for s in range(4)}
+    current = {"step": 0}
+    monkeypatch.setattr(torch, "randn_like", lambda t: torch.tensor(eps[current["step"]], dtype=t.dtype))
+
+    def batch(step: int) -> Any:
+        current["step"] = step
+        x = rng.uniform(size=(B, 16))
+        return {"x": x}, x
+
+    train_like_torch("vae", {"x": (B, 16)}, batch)
+
+
+def test_randn_like_is_standard_normal_and_changes_per_step() -> None:
+    z = noise_at((200, 250), 0)
+    assert abs(z.mean()) < 0.01 and z.std() == pytest.approx(1.0, abs=0.01)
+    # Quantiles of N(0, 1) at 2.3%, 15.9%, 50%, 84.1%, 97.7%.
+    np.testing.assert_allclose(np.quantile(z, [0.02275, 0.15866, 0.5, 0.84134, 0.97725]), [-2, -1, 0, 1, 2], atol=0.03)
+    assert abs(np.corrcoef(z[:, 1:].ravel(), z[:, :-1].ravel())[0, 1]) < 0.01
+    assert abs(np.corrcoef(z.ravel(), noise_at((200, 250), 1).ravel())[0, 1]) < 0.01, "a new draw per step"
+    np.testing.assert_array_equal(noise_at((200, 250), 0), z)
+
+
+# -- DCGAN: two optimizers, two compiled train steps ---------------------------------------------------
+# -- the GL runtime --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "shapes", "setup", "target"),
+    [
+        ("mnist_cnn", {"x": (B, 1, 10, 10)}, {}, "labels10"),
+        ("vae", {"x": (B, 16)}, {}, "input"),
+        ("transformer_classifier", {"x": (B, 6)}, {}, "labels3"),
+    ],
+)
+def test_ports_train_on_gl_like_reference(
+    gl_runtime: Any, name: str, shapes: dict[str, Any], setup: dict[str, Any], target: str
+) -> None:
+    """Ported as they are, dropout and random draws on: three train steps on GL (webgl2) follow the
+    reference runtime (same masks and noise, same losses and weights)."""
+    glcomp.manual_seed(1)
+    model, criterion, optimizer, scheduler = load(name, True).setup(**setup)
+    prog = glcomp.compile(model, shapes, loss=criterion, optimizer=optimizer, target="webgl2")
+    ref = prog.runtime("reference")
+    rng = rng_for(name)
+    (input_name, shape), = shapes.items()
+    with gl_runtime(prog) as gl:
+        for step in range(3):
+            x = rng.integers(0, 10, size=shape) if name.startswith("transformer") else rng.uniform(size=shape)
+            y = x if target == "input" else rng.integers(0, int(target[6:]), size=shape[0])
+            feeds = {input_name: x, "y": y}
+            assert gl.train_step(**feeds) == pytest.approx(ref.train_step(**feeds), rel=RTOL), f"step {step}"
+            if scheduler is not None:
+                scheduler.step()
+                assert gl.hyper["lr"] == pytest.approx(ref.lr) and ref.lr == optimizer.lr
+        for k, v in ref.state_dict().items():
+            close(gl.state_dict()[k], v, f"{name} on GL: {k}", rtol=1e-3)
