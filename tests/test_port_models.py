@@ -63,7 +63,9 @@ def load(name: str, ported: bool) -> types.ModuleType:
     return module
 
 
-def both(name: str, **setup: Any) -> tuple[types.ModuleType, tuple[Any, ...], types.ModuleType, tuple[Any, ...]]:
+def both(
+    name: str, **setup: Any
+) -> tuple[types.ModuleType, tuple[Any, ...], types.ModuleType, tuple[Any, ...]]:
     """The script as written and ported, each `setup()` run, glcomp's model holding torch's
     initial weights (the names and their order must agree); torch's model in float64."""
     torch.manual_seed(0)
@@ -111,11 +113,13 @@ def train_like_torch(
     torch_extra: Any = None,
     carry: Any = None,
     rtol: float = RTOL,
+    exclude: dict[str, Any] | None = None,
 ) -> Any:
     """Train the script `name` for `steps` steps in torch and (ported) in glcomp's reference
     runtime and compare. `batch(step)` gives the inputs (dict, in forward's order) and the
     target; `torch_extra(tmodel)` runs after torch's backward (gradient clipping);
-    `carry(step, runtime, feeds)` updates the feeds from the previous step (hidden states)."""
+    `carry(step, runtime, feeds)` updates the feeds from the previous step (hidden states);
+    `exclude` names parameter elements left out of the final comparison."""
     _, (tmodel, tcrit, topt, tsched), _, (gmodel, gcrit, gopt, gsched) = both(name, **(setup or {}))
     prog = glcomp.compile(gmodel, shapes, loss=gcrit, optimizer=gopt, **(compile_kw or {}))
     rt = prog.runtime("reference")
@@ -129,13 +133,13 @@ def train_like_torch(
         tout = tmodel(*[as_torch(v) for v in feeds.values()])
         tloss = call_loss(tcrit, tout, as_torch(target))
         tloss.backward()
-        if torch_extra is not None:
-            torch_extra(tmodel, tout)
-        if step == 0:
+        if step == 0:  # gradients before any clipping
             grads = rt.gradients(**feeds, y=target)
             assert sorted(grads) == sorted(k for k, p in tmodel.named_parameters() if p.requires_grad)
             for k, p in tmodel.named_parameters():
                 close(grads[k], p.grad, f"{name}: gradient of {k}", rtol=rtol)
+        if torch_extra is not None:
+            torch_extra(tmodel, tout)
         topt.step()
         got = rt.train_step(**feeds, y=target)  # the loss before the step: the forward loss
         assert got == pytest.approx(tloss.item(), rel=rtol), f"{name}: loss at step {step}"
@@ -144,7 +148,10 @@ def train_like_torch(
             gsched.step()
             assert rt.lr == pytest.approx(topt.param_groups[0]["lr"], rel=1e-9), "scheduled lr"
     for k, v in tmodel.state_dict().items():
-        close(rt.state_dict()[k], v, f"{name}: {k} after {steps} steps", rtol=rtol)
+        got, want = rt.state_dict()[k], v.detach().numpy()
+        if k in (exclude or {}):
+            got, want = np.delete(got, exclude[k]), np.delete(want, exclude[k])
+        close(got, want, f"{name}: {k} after {steps} steps", rtol=rtol)
     return rt
 
 
@@ -176,7 +183,11 @@ def labels_batch(name: str, shape: tuple[int, ...], classes: int, ids: int = 0) 
 def test_classifier_ports_train_like_torch(
     name: str, shape: tuple[int, ...], classes: int, ids: int, setup: dict[str, Any]
 ) -> None:
-    train_like_torch(name, {"x": shape}, labels_batch(name, shape, classes, ids), setup)
+    # Attention's key bias has an exactly zero gradient (softmax ignores a shift shared by a row):
+    # its rounding noise, which Adam-type steps scale to lr-sized moves of either sign, is not compared.
+    key_bias = {f"encoder.layers.{i}.self_attn.in_proj_bias": slice(8, 16) for i in range(2)}
+    exclude = key_bias if name.startswith("transformer") else None
+    train_like_torch(name, {"x": shape}, labels_batch(name, shape, classes, ids), setup, exclude=exclude)
 
 
 def test_autoencoder_port_trains_like_torch() -> None:
@@ -284,36 +295,159 @@ def test_randn_like_is_standard_normal_and_changes_per_step() -> None:
     z = noise_at((200, 250), 0)
     assert abs(z.mean()) < 0.01 and z.std() == pytest.approx(1.0, abs=0.01)
     # Quantiles of N(0, 1) at 2.3%, 15.9%, 50%, 84.1%, 97.7%.
-    np.testing.assert_allclose(np.quantile(z, [0.02275, 0.15866, 0.5, 0.84134, 0.97725]), [-2, -1, 0, 1, 2], atol=0.03)
+    np.testing.assert_allclose(
+        np.quantile(z, [0.02275, 0.15866, 0.5, 0.84134, 0.97725]), [-2, -1, 0, 1, 2], atol=0.03
+    )
     assert abs(np.corrcoef(z[:, 1:].ravel(), z[:, :-1].ravel())[0, 1]) < 0.01
     assert abs(np.corrcoef(z.ravel(), noise_at((200, 250), 1).ravel())[0, 1]) < 0.01, "a new draw per step"
     np.testing.assert_array_equal(noise_at((200, 250), 0), z)
 
 
+def test_init_functions_fill_weight_data_in_place() -> None:
+    """DCGAN's weights_init calls nn.init.normal_(m.weight.data, ...): the Parameter's array."""
+    conv = glcomp.nn.Conv2d(2, 3, 3)
+    before = conv.weight.data.copy()
+    assert glcomp.nn.init.normal_(conv.weight.data, 1.0, 0.02) is conv.weight.data
+    assert not np.array_equal(conv.weight.data, before) and abs(conv.weight.data.mean() - 1.0) < 0.02
+    glcomp.nn.init.constant_(conv.bias.data, 0)
+    assert not conv.bias.data.any()
+    with pytest.raises(glcomp.GlcompError, match="expected a Parameter or numpy array, got list"):
+        glcomp.nn.init.zeros_([1.0, 2.0])
+
+
+def test_batchnorm_called_twice_in_a_step_updates_running_stats_twice() -> None:
+    """DCGAN's discriminator sees the real and the fake batch in one step: each call moves the
+    running statistics on from the previous call's, as torch's in-place update."""
+
+    def build(ns: Any) -> Any:
+        class Twice(ns.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.bn = ns.nn.BatchNorm1d(3)
+
+            def forward(self, a: Any, b: Any) -> Any:
+                return self.bn(a) + self.bn(b * 2.0)
+
+        return Twice()
+
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(size=(6, 3)), rng.normal(size=(6, 3)) + 1.0
+    tmodel = build(torch).double()
+    tmodel(as_torch(a), as_torch(b))
+    prog = glcomp.compile(build(glcomp), {"a": a.shape, "b": b.shape}, loss=glcomp.nn.MSELoss(),
+                          optimizer=glcomp.optim.SGD(lr=0.0))  # fmt: skip
+    rt = prog.runtime("reference")
+    rt.train_step(a=a, b=b, y=np.zeros((6, 3)))
+    for k in ("bn.running_mean", "bn.running_var"):
+        close(rt.state_dict()[k], tmodel.state_dict()[k], k, rtol=1e-5)
+
+
 # -- DCGAN: two optimizers, two compiled train steps ---------------------------------------------------
+def test_dcgan_port_trains_like_torch() -> None:
+    """torch's loop (D on a real and a detached fake batch, gradients accumulated, then G through
+    D) against two compiled train steps: DStep (optimizerD: D's parameters only) and GStep
+    (optimizerG). The programs hold separate copies of the weights, synchronised after each step
+    by state_dict / load_state_dict: the D step's G running statistics are torch's (G runs once
+    per iteration there), the G step's D running statistics too (D runs a third time there)."""
+    torch.manual_seed(0)
+    glcomp.manual_seed(0)
+    tmod, gmod = load("dcgan", False), load("dcgan", True)
+    t_g, t_d, criterion, t_opt_d, t_opt_g = tmod.setup()
+    g_g, g_d, _, g_opt_d, g_opt_g = gmod.setup()
+    for t_net, g_net in ((t_g, g_g), (t_d, g_d)):
+        g_net.load_state_dict({k: v.detach().numpy() for k, v in t_net.state_dict().items()})
+        t_net.double()
+    real_shape, noise_shape = (B, 1, 16, 16), (B, 4, 1, 1)
+    d_prog = glcomp.compile(
+        gmod.DStep(g_g, g_d), {"real": real_shape, "noise": noise_shape}, loss=gmod.d_loss, optimizer=g_opt_d
+    )
+    g_prog = glcomp.compile(
+        gmod.GStep(g_g, g_d), {"noise": noise_shape}, loss=gmod.nn.BCELoss(), optimizer=g_opt_g
+    )
+    assert d_prog.trainable == [f"netD.{k}" for k, _ in g_d.named_parameters()]
+    assert g_prog.trainable == [f"netG.{k}" for k, _ in g_g.named_parameters()]
+    d_rt, g_rt = d_prog.runtime("reference"), g_prog.runtime("reference")
+    rng = rng_for("dcgan")
+    ones, zeros = np.ones(B), np.zeros(B)
+    for step in range(4):
+        real, noise = np.tanh(rng.normal(size=real_shape)), rng.normal(size=noise_shape)
+        t_d.zero_grad()
+        label = torch.full((B,), tmod.real_label, dtype=torch.float64)
+        err_real = criterion(t_d(as_torch(real)).view(-1), label)
+        err_real.backward()
+        fake = t_g(as_torch(noise))
+        label.fill_(tmod.fake_label)
+        err_fake = criterion(t_d(fake.detach()).view(-1), label)
+        err_fake.backward()
+        t_opt_d.step()
+        t_g.zero_grad()
+        label.fill_(tmod.real_label)
+        err_g = criterion(t_d(fake).view(-1), label)
+        err_g.backward()
+        t_opt_g.step()
+
+        err_d = d_rt.train_step(real=real, noise=noise, y=np.concatenate([ones, zeros]))
+        assert err_d == pytest.approx((err_real + err_fake).item(), rel=RTOL), f"errD at step {step}"
+        d_state = d_rt.state_dict()
+        g_rt.load_state_dict(
+            {
+                k: d_state[k]
+                if k.startswith("netD.")
+                or not k.startswith("netG.main.")
+                or "running" in k
+                or "num_batches" in k
+                else v
+                for k, v in g_rt.state_dict().items()
+            }
+        )
+        assert g_rt.train_step(noise=noise, y=ones) == pytest.approx(err_g.item(), rel=RTOL), (
+            f"errG at step {step}"
+        )
+        g_state = g_rt.state_dict()
+        d_rt.load_state_dict(
+            {
+                k: g_state[k]
+                if (k.startswith("netG.") and k.split(".")[-1] in ("weight", "bias"))
+                or (k.startswith("netD.") and k.split(".")[-1] not in ("weight", "bias"))
+                else v
+                for k, v in d_rt.state_dict().items()
+            }
+        )
+    final = d_rt.state_dict()
+    for prefix, net in (("netG", t_g), ("netD", t_d)):
+        for k, v in net.state_dict().items():
+            if prefix == "netD" and k.endswith("num_batches_tracked"):
+                # A known difference: glcomp counts train steps that run the layer (8: a D and a
+                # G step per iteration), torch counts calls (12: D runs 3 times per iteration).
+                # Only momentum=None would read it, which glcomp's BatchNorm does not take.
+                assert final[f"{prefix}.{k}"] == 8 and v.item() == 12
+                continue
+            close(final[f"{prefix}.{k}"], v, f"{prefix}.{k} after 4 iterations", rtol=1e-3)
+
+
 # -- the GL runtime --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("name", "shapes", "setup", "target"),
     [
         ("mnist_cnn", {"x": (B, 1, 10, 10)}, {}, "labels10"),
         ("vae", {"x": (B, 16)}, {}, "input"),
-        ("transformer_classifier", {"x": (B, 6)}, {}, "labels3"),
     ],
 )
 def test_ports_train_on_gl_like_reference(
     gl_runtime: Any, name: str, shapes: dict[str, Any], setup: dict[str, Any], target: str
 ) -> None:
     """Ported as they are, dropout and random draws on: three train steps on GL (webgl2) follow the
-    reference runtime (same masks and noise, same losses and weights)."""
+    reference runtime (same masks and noise, same losses and weights). The transformer also
+    matches on GL but takes about 15 s to build and compile its shaders, so it is left out."""
     glcomp.manual_seed(1)
     model, criterion, optimizer, scheduler = load(name, True).setup(**setup)
     prog = glcomp.compile(model, shapes, loss=criterion, optimizer=optimizer, target="webgl2")
     ref = prog.runtime("reference")
     rng = rng_for(name)
-    (input_name, shape), = shapes.items()
+    ((input_name, shape),) = shapes.items()
     with gl_runtime(prog) as gl:
         for step in range(3):
-            x = rng.integers(0, 10, size=shape) if name.startswith("transformer") else rng.uniform(size=shape)
+            x = rng.uniform(size=shape)
             y = x if target == "input" else rng.integers(0, int(target[6:]), size=shape[0])
             feeds = {input_name: x, "y": y}
             assert gl.train_step(**feeds) == pytest.approx(ref.train_step(**feeds), rel=RTOL), f"step {step}"

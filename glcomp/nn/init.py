@@ -45,7 +45,9 @@ def fan_in_bound(fan_in: int) -> float:
 
 # -- torch.nn.init ---------------------------------------------------------------------------------
 def _data(tensor: Any) -> np.ndarray:
-    data = getattr(tensor, "data", tensor)
+    # A numpy array is filled itself (its own `.data` is a memoryview): torch scripts pass
+    # `m.weight.data`, which for a glcomp Parameter is its float32 array.
+    data = tensor if isinstance(tensor, np.ndarray) else getattr(tensor, "data", None)
     if not isinstance(data, np.ndarray):
         raise GlcompError(f"nn.init: expected a Parameter or numpy array, got {type(tensor).__name__}")
     return data

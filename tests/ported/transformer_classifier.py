@@ -8,7 +8,9 @@ from torch.optim.lr_scheduler import CosineAnnealingLR
 
 
 class TransformerClassifier(nn.Module):
-    def __init__(self, vocab_size=10, d_model=8, nhead=2, num_layers=2, num_classes=3, max_len=6, dropout=0.1):
+    def __init__(
+        self, vocab_size=10, d_model=8, nhead=2, num_layers=2, num_classes=3, max_len=6, dropout=0.1
+    ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, d_model)
         self.pos = nn.Parameter(torch.zeros(1, max_len, d_model))
