@@ -41,7 +41,9 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     (loss, then new parameters, optimizer state and running statistics), all as graphs.
 
     `loss` is a loss module (``nn.CrossEntropyLoss()``), a function of (output, target) such as
-    ``F.cross_entropy`` or your own, or ``"forward"``: then forward() takes the target as its
+    ``F.cross_entropy`` or your own (one taking more required arguments is called as
+    ``loss(output[0], target, *output[1:])`` when forward returns a tuple, as the VAE example's
+    ``loss_function(recon_x, x, mu, logvar)``), or ``"forward"``: then forward() takes the target as its
     argument named `target_name` and returns the loss itself, alone or in a tuple (the one 0-d
     tensor in it, else the last element), as minGPT's ``forward(idx, targets)`` does; predict
     calls forward without the target, and None entries of its result are dropped. When forward
@@ -198,6 +200,12 @@ def _check_arguments(
         if not isinstance(name, str) or not name.isidentifier():
             raise GlcompError(f"inputs: name {name!r} must be a string naming a forward() argument")
         dims = shape.shape if isinstance(shape, np.ndarray) else shape
+        if isinstance(dims, tuple | list) and dims and all(isinstance(d, tuple | list) for d in dims):
+            raise GlcompError(
+                f"inputs[{name!r}]: got several shapes {shape!r}; every input is one tensor, so a "
+                "forward() argument holding a tuple of tensors (an LSTM's (h0, c0)) has to become one "
+                "argument per tensor"
+            )
         if not isinstance(dims, tuple | list) or not all(
             isinstance(d, int | np.integer) and not isinstance(d, bool) for d in dims
         ):

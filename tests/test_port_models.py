@@ -15,6 +15,7 @@ loss.backward(); step()``; each test states any further edit.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import types
 from pathlib import Path
@@ -28,6 +29,8 @@ import glcomp
 torch = pytest.importorskip("torch")
 
 PORTED = Path(__file__).parent / "ported"
+TORCH = types.SimpleNamespace(nn=torch.nn, lib=torch)
+GLCOMP = types.SimpleNamespace(nn=glcomp.nn, lib=glcomp)
 RTOL, ATOL = 2e-4, 1e-5
 B = 4
 
@@ -456,3 +459,85 @@ def test_ports_train_on_gl_like_reference(
                 assert gl.hyper["lr"] == pytest.approx(ref.lr) and ref.lr == optimizer.lr
         for k, v in ref.state_dict().items():
             close(gl.state_dict()[k], v, f"{name} on GL: {k}", rtol=1e-3)
+
+
+# -- attention layers against torch ----------------------------------------------------------------------
+def test_multihead_attention_and_encoder_layer_like_torch() -> None:
+    """Sequence-first MultiheadAttention with per-head and averaged weights, a causal mask and a
+    key padding mask fed as an input; a norm_first GELU encoder layer with a final LayerNorm."""
+
+    def build(ns: Any) -> Any:
+        tnn = ns.nn
+
+        class Attend(tnn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.mha = tnn.MultiheadAttention(8, 2)
+                layer = tnn.TransformerEncoderLayer(8, 4, 12, 0.0, "gelu", norm_first=True)
+                self.enc = tnn.TransformerEncoder(layer, 1, norm=tnn.LayerNorm(8))
+
+            def forward(self, x: Any, pad: Any) -> Any:
+                causal = torch.triu(torch.full((5, 5), -math.inf, dtype=x.dtype), 1) if ns is TORCH else None
+                a, w = self.mha(x, x, x, attn_mask=causal, is_causal=causal is None)
+                b, wh = self.mha(a, x, x, key_padding_mask=pad, average_attn_weights=False)
+                # glcomp: a numpy causal mask outside the trace's tensors (as torch scripts build it)
+                mask = causal if ns is TORCH else np.triu(np.full((5, 5), -np.inf), 1)
+                return self.enc(a + b, mask=mask) + w.sum() + wh[:, 1].mean()
+
+        return Attend()
+
+    torch.manual_seed(0)
+    tmodel = build(TORCH)
+    gmodel = build(GLCOMP)
+    state = {k: v.detach().numpy() for k, v in tmodel.state_dict().items()}
+    assert list(state) == list(gmodel.state_dict())
+    gmodel.load_state_dict(state)
+    tmodel.double()
+    rng = np.random.default_rng(21)
+    x, pad = rng.normal(size=(5, 3, 8)), np.zeros((3, 5))
+    pad[1, 3:] = 1.0  # the second sequence's last two keys are padding
+    tout = tmodel(as_torch(x), torch.tensor(pad, dtype=torch.bool))
+    prog = glcomp.compile(gmodel, {"x": x.shape, "pad": pad.shape}, loss=glcomp.nn.MSELoss())
+    rt = prog.runtime("reference")
+    close(rt.predict(x=x, pad=pad), tout, "output")
+    y = rng.normal(size=x.shape)
+    torch.nn.functional.mse_loss(tout, as_torch(y)).backward()
+    grads = rt.gradients(x=x, pad=pad, y=y)
+    for k, p in tmodel.named_parameters():
+        close(grads[k], p.grad, f"gradient of {k}", atol=2e-5)
+
+
+def test_attention_errors_name_the_problem() -> None:
+    with pytest.raises(glcomp.GlcompError, match="embed_dim 6 is not divisible by num_heads 4"):
+        glcomp.nn.MultiheadAttention(6, 4)
+    with pytest.raises(glcomp.GlcompError, match="kdim/vdim"):
+        glcomp.nn.MultiheadAttention(8, 2, kdim=4)
+
+    class Masked(glcomp.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = glcomp.nn.MultiheadAttention(4, 1)
+
+        def forward(self, x: Any) -> Any:
+            return self.mha(x, x, x, attn_mask=np.eye(3, dtype=bool))[0]
+
+    with pytest.raises(glcomp.GlcompError, match="register it with register_buffer"):
+        glcomp.compile(Masked(), {"x": (3, 2, 4)})
+
+
+def test_tuple_hidden_state_input_is_a_clear_error() -> None:
+    """The LSTM variant of the word language model takes hidden = (h0, c0): not one tensor."""
+    model, criterion, _, _ = load("word_lm", True).setup(rnn_type="LSTM", dropout=0.0)
+    with pytest.raises(
+        glcomp.GlcompError, match=r"inputs\['hidden'\]: got several shapes .* one argument per"
+    ):
+        glcomp.compile(model, {"input": (5, B), "hidden": ((2, B, 8), (2, B, 8))}, loss=criterion)
+
+
+def test_loss_function_with_more_arguments_than_outputs_is_a_clear_error() -> None:
+    def loss_function(recon_x: Any, x: Any, mu: Any, logvar: Any) -> Any:
+        return ((recon_x - x) ** 2).sum()
+
+    model = glcomp.nn.Linear(4, 4)
+    with pytest.raises(glcomp.GlcompError, match=r"\(Linear\)\.forward returned 0 further value"):
+        glcomp.compile(model, {"x": (2, 4)}, loss=loss_function)
