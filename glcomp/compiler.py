@@ -42,7 +42,9 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     (loss, then new parameters, optimizer state and running statistics), all as graphs.
 
     `loss` is a loss module (``nn.CrossEntropyLoss()``), a function of (output, target) such as
-    ``F.cross_entropy`` or your own, or ``"forward"``: then forward() takes the target as its
+    ``F.cross_entropy`` or your own (one taking more required arguments is called as
+    ``loss(output[0], target, *output[1:])`` when forward returns a tuple, as the VAE example's
+    ``loss_function(recon_x, x, mu, logvar)``), or ``"forward"``: then forward() takes the target as its
     argument named `target_name` and returns the loss itself, alone or in a tuple (the one 0-d
     tensor in it, else the last element), as minGPT's ``forward(idx, targets)`` does; predict
     calls forward without the target, and None entries of its result are dropped. When forward
@@ -128,6 +130,7 @@ def _compile(
     else:
         graph, state, result = trace_module(model, inputs, training=True)
         output = _first_tensor(result, owner)
+        extra = _loss_extras(loss, result, owner)
         spec = _given_spec(target_spec) if target_spec is not None else _loss_spec(loss, output.shape)
         program.target = _target_input(target_name, spec)
         y = Tensor(graph, graph.add_input(target_name, program.target.shape, "target", program.target.dtype))
@@ -135,7 +138,7 @@ def _compile(
         try:
             state.paths.setdefault(id(loss), "loss")
             with origin(f"loss ({_loss_name(loss)})"):
-                value = loss(output, y)
+                value = loss(output, y, *extra)
         finally:
             _TRACE.reset(token)
     if not isinstance(value, Tensor) or value.shape != ():
@@ -151,6 +154,7 @@ def _compile(
         return program
 
     program.lr = optimizer.lr
+    program.optimizer = optimizer
     train = grads
     _clip(train, trainable, clip_grad_value, clip_grad_norm)
     for name, tensor in state.buffer_updates.items():
@@ -228,16 +232,29 @@ def _check_arguments(
         if not isinstance(name, str) or not name.isidentifier():
             raise GlcompError(f"inputs: name {name!r} must be a string naming a forward() argument")
         dims = shape.shape if isinstance(shape, np.ndarray) else shape
+        if isinstance(dims, tuple | list) and dims and all(isinstance(d, tuple | list) for d in dims):
+            raise GlcompError(
+                f"inputs[{name!r}]: got several shapes {shape!r}; every input is one tensor, so a "
+                "forward() argument holding a tuple of tensors (an LSTM's (h0, c0)) has to become one "
+                "argument per tensor"
+            )
         if not isinstance(dims, tuple | list) or not all(
             isinstance(d, int | np.integer) and not isinstance(d, bool) for d in dims
         ):
             raise GlcompError(
                 f"inputs[{name!r}] must be a shape (a tuple of ints, batch first), got {shape!r}"
             )
-    if loss is not None and not isinstance(loss, type) and not _is_forward(loss) and not _takes_two(loss):
+    if (
+        loss is not None
+        and not isinstance(loss, type)
+        and not _is_forward(loss)
+        and not _takes_two(loss)
+        and not _takes_more(loss)
+    ):
         raise GlcompError(
             "loss must be a glcomp.nn loss module such as nn.CrossEntropyLoss(), a function of "
-            f'(output, target) or "forward" (forward() computes the loss), got {_what(loss)} {loss!r:.60}'
+            "(output, target) (or of (output, target, *more outputs) when forward returns a tuple) "
+            f'or "forward" (forward() computes the loss), got {_what(loss)} {loss!r:.60}'
         )
     for what, value, base, example in (
         ("loss", loss if isinstance(loss, type) else None, _Loss, "nn.CrossEntropyLoss()"),
@@ -309,6 +326,36 @@ def _takes_two(loss: Any) -> bool:
     except ValueError:  # builtins without a signature
         return True
     return True
+
+
+def _takes_more(loss: Any) -> bool:
+    """Whether `loss` is a plain function with more than two required positional parameters,
+    as the VAE example's ``loss_function(recon_x, x, mu, logvar)``."""
+    if isinstance(loss, str | Module | type) or not callable(loss):
+        return False
+    try:
+        params = inspect.signature(loss).parameters.values()
+    except ValueError:
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in params) > 2
+
+
+def _loss_extras(loss: Any, result: Any, owner: str) -> tuple[Any, ...]:
+    """The further arguments of a loss function that takes more than (output, target): forward's
+    other results, so ``loss(output[0], target, *output[1:])`` as torch scripts call it."""
+    if _takes_two(loss):
+        return ()
+    rest = tuple(result[1:]) if isinstance(result, tuple | list) else ()
+    try:
+        inspect.signature(loss).bind(None, None, *rest)
+    except TypeError:
+        raise GlcompError(
+            f"loss {_loss_name(loss)}{inspect.signature(loss)} is called as loss(output, target, "
+            f"*more) with forward's further results as `more`, but ({owner}).forward returned "
+            f"{len(rest)} further value(s)"
+        ) from None
+    return rest
 
 
 def _without_none(result: Any) -> Any:

@@ -21,6 +21,8 @@ from glcomp.ir.tensor import Tensor
 from glcomp.nn import functional as F
 
 float32 = np.float32
+# glcomp computes in float32: double/float64 are accepted where torch takes a dtype (ignored there).
+double = float64 = np.float64
 long = int64 = np.int64
 int32 = np.int32
 
@@ -81,6 +83,36 @@ def zeros(*size: Any, **_: Any) -> Any:
 
 def ones(*size: Any, **_: Any) -> Any:
     return full(_size(size), 1.0)
+
+
+def _random(size: tuple[int, ...], normal: bool) -> Any:
+    graph = _graph()
+    if graph is None:
+        from glcomp.nn.init import draw
+
+        return draw(size, normal)
+    return (F.randn if normal else F.rand)(graph, size)
+
+
+def rand(*size: Any, **_: Any) -> Any:
+    """Uniform values in [0, 1): inside forward drawn anew in each train step (the counter-based
+    generator of dropout, see glcomp.nn.functional.rand), outside it from glcomp.manual_seed's
+    numpy generator."""
+    return _random(_size(size), False)
+
+
+def randn(*size: Any, **_: Any) -> Any:
+    """Standard normal values, drawn as `rand` (inside forward by the Box-Muller transform)."""
+    return _random(_size(size), True)
+
+
+def rand_like(t: Any, **_: Any) -> Any:
+    return _random(tuple(np.shape(t)) if not isinstance(t, Tensor) else t.shape, False)
+
+
+def randn_like(t: Any, **_: Any) -> Any:
+    """torch.randn_like: inside forward, e.g. a VAE's reparameterisation, new noise every step."""
+    return _random(tuple(np.shape(t)) if not isinstance(t, Tensor) else t.shape, True)
 
 
 def zeros_like(t: Any, **_: Any) -> Any:

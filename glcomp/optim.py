@@ -7,6 +7,8 @@ one graph (and, on the GPU, one schedule of kernels).
 
 from __future__ import annotations
 
+import math
+import weakref
 from typing import Any
 
 from glcomp.errors import GlcompError
@@ -21,6 +23,23 @@ class Optimizer:
             raise GlcompError(f"{type(self).__name__}: invalid learning rate {lr}")
         self.params = list(params) if params is not None else None
         self.lr = float(lr)
+        self._runtimes: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def bind(self, runtime: Any) -> None:
+        """Let `set_lr` reach `runtime` too (done for every runtime of a program compiled with
+        this optimizer; held weakly)."""
+        self._runtimes.add(runtime)
+
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate here (for later compiles) and in every live runtime of the
+        programs compiled with this optimizer: what torch's ``param_groups[0]["lr"] = lr`` does,
+        so a scheduler built on the optimizer, ``StepLR(optimizer, ...)``, drives the training."""
+        if not isinstance(lr, int | float) or not math.isfinite(lr) or lr < 0:
+            raise GlcompError(f"{type(self).__name__}: invalid learning rate {lr!r}")
+        self.lr = float(lr)
+        for runtime in list(self._runtimes):
+            if not getattr(runtime, "_released", False):
+                runtime.set_lr(self.lr)
 
     def slots(self) -> tuple[str, ...]:
         """Per-parameter state names (zero-initialised arrays of the parameter's shape)."""

@@ -53,6 +53,8 @@ class Program:
     opt_state: dict[str, np.ndarray] = field(default_factory=dict)
     lr: float = 0.0
     options: dict[str, Any] = field(default_factory=dict)
+    # The glcomp Optimizer compiled in: its set_lr (a scheduler's step) reaches this program's runtimes.
+    optimizer: Any = field(default=None, repr=False, compare=False)
 
     def input_specs(self, entry: str) -> dict[str, InputSpec]:
         """What the caller feeds an entry point: data inputs, plus the target when training."""
@@ -133,12 +135,17 @@ class Program:
                     "this program was loaded from a bundle without IR graphs (no program.json); "
                     "only runtime('gl') can run it"
                 )
-            return ReferenceRuntime(self, evaluate, **options)
+            return self._bound(ReferenceRuntime(self, evaluate, **options))
         if kind == "gl":
             from glcomp.runtime.gl import GLRuntime
 
-            return GLRuntime(self.bundle(), **options)
+            return self._bound(GLRuntime(self.bundle(), **options))
         raise GlcompError(f"unknown runtime {kind!r}; use 'reference' or 'gl'")
+
+    def _bound(self, runtime: Any) -> Any:
+        if self.optimizer is not None:
+            self.optimizer.bind(runtime)
+        return runtime
 
     def save(self, directory: str | Path) -> Path:
         """Write the program with its current state as a bundle directory (manifest, shaders,

@@ -49,6 +49,7 @@ from glcomp.nn.layers import (
 )
 from glcomp.nn.module import Module, Parameter
 from glcomp.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+from glcomp.nn.transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
     "ELU",
@@ -88,6 +89,7 @@ __all__ = [
     "Module",
     "ModuleDict",
     "ModuleList",
+    "MultiheadAttention",
     "NLLLoss",
     "Parameter",
     "RNNCell",
@@ -100,6 +102,8 @@ __all__ = [
     "Softmax",
     "Softplus",
     "Tanh",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
     "Unflatten",
     "Upsample",
     "UpsamplingNearest2d",

@@ -31,6 +31,12 @@ def uniform(shape: tuple[int, ...], bound: float) -> np.ndarray:
     return _rng.uniform(-bound, bound, size=shape).astype(np.float32)
 
 
+def draw(shape: tuple[int, ...], normal: bool) -> np.ndarray:
+    """Standard normal (or uniform [0, 1)) float32 values from the seeded generator."""
+    values = _rng.standard_normal(size=shape) if normal else _rng.uniform(size=shape)
+    return values.astype(np.float32)
+
+
 def fan_in_bound(fan_in: int) -> float:
     # kaiming_uniform_(a=sqrt(5)), torch's default for Linear and Conv2d weights, and their
     # bias init both reduce to U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
@@ -39,7 +45,9 @@ def fan_in_bound(fan_in: int) -> float:
 
 # -- torch.nn.init ---------------------------------------------------------------------------------
 def _data(tensor: Any) -> np.ndarray:
-    data = getattr(tensor, "data", tensor)
+    # A numpy array is filled itself (its own `.data` is a memoryview): torch scripts pass
+    # `m.weight.data`, which for a glcomp Parameter is its float32 array.
+    data = tensor if isinstance(tensor, np.ndarray) else getattr(tensor, "data", None)
     if not isinstance(data, np.ndarray):
         raise GlcompError(f"nn.init: expected a Parameter or numpy array, got {type(tensor).__name__}")
     return data

@@ -647,8 +647,13 @@ class _BatchNorm(Module):
             prefix = f"{path}." if path else ""
             m = self.momentum
             unbiased = var.reshape(self.num_features) * (n / max(n - 1, 1))
-            new_mean = self.running_mean * (1 - m) + mean.reshape(self.num_features) * m
-            new_var = self.running_var * (1 - m) + unbiased * m
+            # A module called more than once in a step updates from its previous call's statistics,
+            # as torch's in-place updates do.
+            updates = state.buffer_updates if state is not None else {}
+            old_mean = updates.get(prefix + "running_mean", self.running_mean)
+            old_var = updates.get(prefix + "running_var", self.running_var)
+            new_mean = old_mean * (1 - m) + mean.reshape(self.num_features) * m
+            new_var = old_var * (1 - m) + unbiased * m
             if state is not None:
                 state.buffer_updates[prefix + "running_mean"] = new_mean
                 state.buffer_updates[prefix + "running_var"] = new_var

@@ -148,6 +148,10 @@ class Module:
     def float(self) -> Module:
         return self
 
+    def double(self) -> Module:
+        """Returns the module itself: glcomp computes in float32 whatever a script asks for."""
+        return self
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients are never accumulated across steps in glcomp: nothing to clear."""
 
