@@ -144,6 +144,7 @@ class KernelRenderer:
         self.graph, self.layouts, self.target = graph, layouts, target
         self.webgl1 = target.webgl1
         self.position = {n: i for i, n in enumerate(graph.topo())}
+        self.want4 = set()
 
     def fn(self, n: int) -> str:
         return f"v{n}"
@@ -181,6 +182,7 @@ class KernelRenderer:
         return {"sig": sig, "lines": lines}
 
     unroll = 1  # loop body repetition of the kernel being rendered (see `render`)
+    want4: set[int]  # nodes whose vec4 functions the kernel being rendered calls (see `fn4`)
 
     def function(self, n: int) -> dict[str, Any]:
         """The GLSL function computing fused node `n`: a loop op (fused as an epilogue's operand)
@@ -326,9 +328,15 @@ class KernelRenderer:
         }
 
     # -- vec4 element functions -----------------------------------------------------------------
+    def fn4(self, n: int) -> str:
+        """The name of node `n`'s vec4 function (rank >= 1), which the kernel being rendered then
+        defines: `vec4 v<n>_4(int i0, ..., int j0)`, the elements (i0, ..., j0 + c)_c."""
+        self.want4.add(n)
+        return f"v{n}_4"
+
     def call4(self, n: int, lead: list[str], j0: str) -> str:
         """A call of node `n`'s vec4 function: the elements (lead..., j0 + c)_c, j0 a multiple of 4."""
-        return f"v{n}_4({', '.join([*lead, j0])})"
+        return f"{self.fn4(n)}({', '.join([*lead, j0])})"
 
     def _gather4(self, n: int, lead: list[str]) -> str:
         """The texel (lead..., j0 + c)_c of `n` from four calls of its scalar function, each column
@@ -371,15 +379,19 @@ class KernelRenderer:
         return [f"return {self._gather4(n, lead)};"], [], [n]
 
     def plan4(
-        self, roots: list[int], uniform_of: dict[int, str], textures: set[int]
+        self, roots: list[int], uniform_of: dict[int, str], textures: set[int], own: set[int]
     ) -> tuple[dict[int, list[str]], set[int]]:
         """The vec4 functions computing `roots` a texel at a time (node -> body) and the nodes
-        they call through scalar functions."""
+        they call through scalar functions. Nodes in `own` are loop nodes whose template defines
+        their vec4 function (and its scalar function reads it): called, not defined here."""
         bodies: dict[int, list[str]] = {}
         scalar: set[int] = set()
         todo = list(roots)
         while todo:
             n = todo.pop()
+            if n in own:
+                scalar.add(n)
+                continue
             if n in bodies:
                 continue
             lines, vec4_deps, scalar_deps = self.function4(n, uniform_of, textures)
@@ -429,6 +441,7 @@ class KernelRenderer:
     def render(self, kernel: Kernel, hypers: dict[int, str]) -> Rendered:
         g, t = self.graph, self.target
         self.unroll = self.kernel_unroll(kernel)
+        self.want4 = set()
         samplers: list[tuple[str, int, int]] = []
         uniforms: list[tuple[str, str]] = []
         uniform_of: dict[int, str] = {}
@@ -482,7 +495,18 @@ class KernelRenderer:
             if v4 is not None:
                 spec["vec4"] = v4
             roots.append(spec)
-        bodies, scalar_seeds = self.plan4(chains, uniform_of, textures)
+        # A reduction to one element per row (mode "L") is texel-wise in any context: its scalar
+        # function returns the first lane of its root4.
+        single = {}
+        for n in inline - set(cached):
+            if get_op(g.op(n)).kind == "reduce":
+                v4 = self.root4(n, textures)
+                if v4 is not None and v4["mode"] == "L":
+                    lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
+                    single[n] = v4 | {"single": ", ".join([*lead, "0"])}
+        # Loop templates read fused operands a texel at a time through vec4 functions (fn4).
+        own = {n for n, c in cached.items() if not c.get("transposed")} | set(single)
+        bodies, scalar_seeds = self.plan4([*chains, *sorted(self.want4)], uniform_of, textures, own)
         # Scalar functions are defined where something calls them: scalar roots, the operands of
         # loop roots and of every scalar function, and the gathers of vec4 functions.
         needed: set[int] = set()
@@ -502,17 +526,17 @@ class KernelRenderer:
         for n, fn in zip(order, ordered):
             if n in cached:
                 fn["spec"] = fn["spec"] | {"vec4": cached[n]}
-            elif get_op(g.op(n)).kind == "reduce":
-                # A reduction to one element per row (mode "L") is texel-wise in any context:
-                # its scalar function returns the first lane of its root4.
-                v4 = self.root4(n, textures)
-                if v4 is not None and v4["mode"] == "L":
-                    lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
-                    fn["spec"] = fn["spec"] | {"vec4": v4 | {"single": ", ".join([*lead, "0"])}}
-        functions += ordered
-        for n in sorted(bodies, key=self.position.__getitem__):
+            elif n in single:
+                fn["spec"] = fn["spec"] | {"vec4": single[n]}
+        # Callees before callers: in topological order, a node's scalar function (which may read its
+        # own template's vec4 cache or call its operands' vec4 functions) before its vec4 function
+        # (which may gather from it); leaves first.
+        slots = [((self.position[n], 0), fn) for n, fn in zip(order, ordered)]
+        for n, lines in bodies.items():
             head = self.root4_head(n)
-            functions.append({"sig": f"vec4 v{n}_4({head['params4']})", "lines": bodies[n]})
+            key = (-1, self.position[n]) if n in kernel.leaves else (self.position[n], 1)
+            slots.append((key, {"sig": f"vec4 v{n}_4({head['params4']})", "lines": lines}))
+        functions += [fn for _, fn in sorted(slots, key=lambda s: s[0])]
         outputs = [self._output(r) for r in kernel.roots]
         for o, spec in zip(outputs, roots):
             if "vec4" in spec:

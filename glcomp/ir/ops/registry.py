@@ -36,6 +36,11 @@ class Emitter(Protocol):
         """A call of node `n`'s function at the index expressions `args`."""
         ...
 
+    def fn4(self, n: int) -> str:
+        """The name of node `n`'s vec4 function `vec4 f(int i0, ..., int j0)`, the elements
+        (i0, ..., j0 + c) for c = 0..3, `j0` a multiple of 4; the kernel then defines it."""
+        ...
+
     def call4(self, n: int, lead: list[str], j0: str) -> str:
         """A call of node `n`'s vec4 function: its elements (lead..., j0 + c) for c = 0..3, `j0` a
         multiple of 4 (components past the row end unspecified)."""
