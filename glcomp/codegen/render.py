@@ -342,6 +342,8 @@ class KernelRenderer:
         """The texel (lead..., j0 + c)_c of `n` from four calls of its scalar function, each column
         clamped to the row (components past the row end are masked by main())."""
         last = self.graph.shape(n)[-1]
+        if last == 1:  # one element per row (a reduction's result): one call
+            return f"vec4({self.call(n, [*lead, '0'])})"
         cols = ["j0", *(f"(j0 + {c} < {last} ? j0 + {c} : {last - 1})" for c in (1, 2, 3))]
         return f"vec4({', '.join(self.call(n, [*lead, j]) for j in cols)})"
 
@@ -379,19 +381,15 @@ class KernelRenderer:
         return [f"return {self._gather4(n, lead)};"], [], [n]
 
     def plan4(
-        self, roots: list[int], uniform_of: dict[int, str], textures: set[int], own: set[int]
+        self, roots: list[int], uniform_of: dict[int, str], textures: set[int]
     ) -> tuple[dict[int, list[str]], set[int]]:
         """The vec4 functions computing `roots` a texel at a time (node -> body) and the nodes
-        they call through scalar functions. Nodes in `own` are loop nodes whose template defines
-        their vec4 function (and its scalar function reads it): called, not defined here."""
+        they call through scalar functions."""
         bodies: dict[int, list[str]] = {}
         scalar: set[int] = set()
         todo = list(roots)
         while todo:
             n = todo.pop()
-            if n in own:
-                scalar.add(n)
-                continue
             if n in bodies:
                 continue
             lines, vec4_deps, scalar_deps = self.function4(n, uniform_of, textures)
@@ -470,9 +468,9 @@ class KernelRenderer:
         # once, in topological order so callees come before callers (rewrites such as transpose
         # push-down create nodes with ids above their readers').
         inline = set(kernel.body) | {r for r in kernel.roots if get_op(g.op(r)).kind in FUSED_ROOT}
-        # vec4 roots: a loop root with a root4 form, or a single map root whose only loop node
-        # (an epilogue operand read at the root's index) has one; any other map root computes its
-        # fused chain a texel at a time through vec4 functions (plan4).
+        # vec4 roots: a loop root with a root4 form; a map root computes its fused chain a texel at
+        # a time through vec4 functions (plan4), after filling the cache of its only loop node
+        # when that one (an epilogue operand read at the root's index) has a root4 form.
         textures = {leaf for leaf in kernel.leaves if leaf not in uniform_of}
         roots, cached, chains = [], {}, []
         for n in kernel.roots:
@@ -487,10 +485,10 @@ class KernelRenderer:
                     cache = self.root4t(loop, textures) if how == "transposed" else self.root4(loop, textures)
                 if cache is not None:
                     cached[loop] = cache
-                    v4 = self.root4_head(n) | {"caches": [self._cache_call(n, loop, how)]}
-            if v4 is None and fused and g.shape(n):
+                    v4 = {"caches": [self._cache_call(n, loop, how)]}
+            if fused and g.shape(n) and (v4 is None or "caches" in v4):
                 lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
-                v4 = self.root4_head(n) | {"chain": self.call4(n, lead, "j0")}
+                v4 = self.root4_head(n) | (v4 or {}) | {"chain": self.call4(n, lead, "j0")}
                 chains.append(n)
             if v4 is not None:
                 spec["vec4"] = v4
@@ -505,8 +503,7 @@ class KernelRenderer:
                     lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
                     single[n] = v4 | {"single": ", ".join([*lead, "0"])}
         # Loop templates read fused operands a texel at a time through vec4 functions (fn4).
-        own = {n for n, c in cached.items() if not c.get("transposed")} | set(single)
-        bodies, scalar_seeds = self.plan4([*chains, *sorted(self.want4)], uniform_of, textures, own)
+        bodies, scalar_seeds = self.plan4([*chains, *sorted(self.want4)], uniform_of, textures)
         # Scalar functions are defined where something calls them: scalar roots, the operands of
         # loop roots and of every scalar function, and the gathers of vec4 functions.
         needed: set[int] = set()
