@@ -498,10 +498,13 @@ class KernelRenderer:
         single = {}
         for n in inline - set(cached):
             if get_op(g.op(n)).kind == "reduce":
+                asked = set(self.want4)
                 v4 = self.root4(n, textures)
                 if v4 is not None and v4["mode"] == "L":
                     lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
                     single[n] = v4 | {"single": ", ".join([*lead, "0"])}
+                else:
+                    self.want4 = asked  # the form not taken reads nothing
         # Loop templates read fused operands a texel at a time through vec4 functions (fn4).
         bodies, scalar_seeds = self.plan4([*chains, *sorted(self.want4)], uniform_of, textures)
         # Scalar functions are defined where something calls them: scalar roots, the operands of
