@@ -181,14 +181,31 @@ class Views(nn.Module):
             return x[:, :, 1:7] * 2.0 + self.w.permute(1, 0, 2)[:, :, 2:8]
         if self.form == "transpose_last":  # the last axis moves: gathered
             return x.permute(0, 2, 1) * self.w.permute(1, 2, 0)
+        if self.form == "pad_aligned":  # zeros before (4) and after (2) the rows, and whole rows
+            return (prim("pad", x, before=(0, 1, 4), after=(1, 0, 2)) - 1.0).exp()
+        if self.form == "pad_unaligned":  # 3 zeros before each row: gathered
+            return (prim("pad", x, before=(0, 0, 3), after=(0, 0, 0)) - 1.0).exp()
         return (x.reshape(2, 24) * 3.0).sigmoid()  # rows of 24: gathered
 
 
-@pytest.mark.parametrize(
-    "form", ["permute_lead", "reshape_rows", "slice_aligned", "slice_unaligned", "transpose_last", "regroup"]
-)
+# Texture reads per fragment: one per stored operand where the view keeps texels whole, four
+# (a gather) where it does not.
+VIEW_READS = {
+    "permute_lead": 2,
+    "reshape_rows": 2,
+    "slice_aligned": 2,
+    "slice_unaligned": 8,
+    "transpose_last": 8,
+    "regroup": 4,
+    "pad_aligned": 1,
+    "pad_unaligned": 4,
+}
+
+
+@pytest.mark.parametrize("form", sorted(VIEW_READS))
 def test_views_inside_vec4_chains(form: str, dialect: str, gl_runtime: Any):
     prog = glcomp.compile(Views(form), {"x": (2, 3, 8)}, target=dialect)
+    assert [texel_reads(s) for s in fragment_shaders(prog)] == [VIEW_READS[form]]
     x = np.random.default_rng(7).normal(size=(2, 3, 8)).astype(np.float32)
     with gl_runtime(prog) as gl:
         want = prog.runtime("reference").predict(x=x)

@@ -262,6 +262,31 @@ def pad_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
     return [f"float x = {r.call(src, src_args)};", f"return ({cond}) ? x : 0.0;"]
 
 
+def pad_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
+    """A padding that starts at a multiple of 4 along the last axis: the operand's texel (read at
+    clamped indices, as in pad_emit), each component selected where it lies inside the operand."""
+    g = r.graph
+    attrs, src = g.attrs(n), g.operands(n)[0]
+    src_shape = g.shape(src)
+    lo_last, size_last = attrs["before"][-1], src_shape[-1]
+    if lo_last % 4:
+        return None
+    conds, src_lead = [], []
+    for a, lo, hi, size in zip(lead, attrs["before"], attrs["after"], src_shape):
+        if lo:
+            conds.append(f"{a} >= {lo}")
+        if lo or hi:
+            conds.append(f"{a} < {lo + size}")
+        shifted = f"{a} - {lo}" if lo else a
+        src_lead.append(f"iclamp({shifted}, 0, {size - 1})" if lo or hi else a)
+    j0 = f"iclamp(j0 - {lo_last}, 0, {4 * ((size_last - 1) // 4)})" if lo_last or attrs["after"][-1] else "j0"
+    if lo_last:
+        conds.append(f"j0 >= {lo_last}")
+    lines = [f"vec4 x = {r.call4(src, src_lead, j0)};", f"bool in_rows = {' && '.join(conds) or 'true'};"]
+    lanes = [f"in_rows && j0 + {c} < {lo_last + size_last} ? x.{'xyzw'[c]} : 0.0" for c in range(4)]
+    return [*lines, f"return vec4({', '.join(lanes)});"], [src], []
+
+
 register(
     Op(
         "slice",
@@ -287,6 +312,7 @@ register(
         attrs=("before", "after"),
         cost=0,
         emit=pad_emit,
+        emit4=pad_emit4,
     )
 )
 
