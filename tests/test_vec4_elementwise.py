@@ -286,14 +286,17 @@ def test_dropout_masks_are_bit_exact(dialect: str, gl_runtime: Any) -> None:
 
 
 def test_adam_multi_target_kernels_match_reference(dialect: str, gl_runtime: Any) -> None:
-    """Adam writes the weight and both moments from one draw: three vec4 roots in one shader."""
+    """Adam writes the weight and both moments from one draw: three vec4 roots in one shader. The
+    loss gradient's one-hot rows are built a texel at a time."""
     glcomp.manual_seed(6)
     model = nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 3))
     prog = glcomp.compile(
         model, {"x": (4, 6)}, loss=nn.CrossEntropyLoss(), optimizer=optim.Adam(lr=0.01), target=dialect
     )
-    mrt = [s for s in fragment_shaders(prog) if s.count("vec4 glc_root") >= 3]
+    sources = fragment_shaders(prog)
+    mrt = [s for s in sources if s.count("vec4 glc_root") >= 3]
     assert mrt and all("float glc_root" not in s for s in mrt)
+    assert any("int k = int(floor(" in s for s in sources)  # one_hot: the row's label read once
     rng = np.random.default_rng(2)
     ref = prog.runtime("reference")
     with gl_runtime(prog) as gl:
