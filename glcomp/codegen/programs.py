@@ -19,10 +19,10 @@ import re
 
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
 _ORIGIN = "// from "
-_NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v)(\d+)(_\d+)?\b")
+_NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b")
 # A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
-_VIEW_CALL = re.compile(r"^(\s*return v\d+\()(.*)(\);)$", re.MULTILINE)
-_OFFSET = re.compile(r"\((i\d+) ([+-]) (\d+)\)")
+_VIEW_CALL = re.compile(r"^(\s*return v\d+(?:_4)?\()(.*)(\);)$", re.MULTILINE)  # v<k>_4: a texel
+_OFFSET = re.compile(r"\((i\d+|j0) ([+-]) (\d+)\)")
 _DECLARATIONS = "uniform int u_page_offset;\n"
 MAX_OFFSET = 1 << 24  # integer uniforms must stay exact in highp int and in JSON numbers
 # Helper functions of the shared prelude (glc_*, imod, iclamp): kept only where called.

@@ -144,6 +144,7 @@ class KernelRenderer:
         self.graph, self.layouts, self.target = graph, layouts, target
         self.webgl1 = target.webgl1
         self.position = {n: i for i, n in enumerate(graph.topo())}
+        self.want4 = set()
 
     def fn(self, n: int) -> str:
         return f"v{n}"
@@ -181,6 +182,7 @@ class KernelRenderer:
         return {"sig": sig, "lines": lines}
 
     unroll = 1  # loop body repetition of the kernel being rendered (see `render`)
+    want4: set[int]  # nodes whose vec4 functions the kernel being rendered calls (see `fn4`)
 
     def function(self, n: int) -> dict[str, Any]:
         """The GLSL function computing fused node `n`: a loop op (fused as an epilogue's operand)
@@ -325,6 +327,77 @@ class KernelRenderer:
             "j0": col,
         }
 
+    # -- vec4 element functions -----------------------------------------------------------------
+    def fn4(self, n: int) -> str:
+        """The name of node `n`'s vec4 function (rank >= 1), which the kernel being rendered then
+        defines: `vec4 v<n>_4(int i0, ..., int j0)`, the elements (i0, ..., j0 + c)_c."""
+        self.want4.add(n)
+        return f"v{n}_4"
+
+    def call4(self, n: int, lead: list[str], j0: str) -> str:
+        """A call of node `n`'s vec4 function: the elements (lead..., j0 + c)_c, j0 a multiple of 4."""
+        return f"{self.fn4(n)}({', '.join([*lead, j0])})"
+
+    def _gather4(self, n: int, lead: list[str]) -> str:
+        """The texel (lead..., j0 + c)_c of `n` from four calls of its scalar function, each column
+        clamped to the row (components past the row end are masked by main())."""
+        last = self.graph.shape(n)[-1]
+        if last == 1:  # one element per row (a reduction's result): one call
+            return f"vec4({self.call(n, [*lead, '0'])})"
+        cols = ["j0", *(f"(j0 + {c} < {last} ? j0 + {c} : {last - 1})" for c in (1, 2, 3))]
+        return f"vec4({', '.join(self.call(n, [*lead, j]) for j in cols)})"
+
+    def function4(
+        self, n: int, uniform_of: dict[int, str], textures: set[int]
+    ) -> tuple[list[str], list[int], list[int]]:
+        """The body of `vec4 v<n>_4(int i0, ..., int j0)`, the elements (i0, ..., j0 + c)_c of node `n`
+        (rank >= 1, j0 a multiple of 4; components past the row end are unspecified), and the nodes
+        it calls: (lines, nodes called by their vec4 function, nodes called by their scalar one).
+
+        Elementwise ops compute on vec4s (`glsl4`, or `glsl` where it is valid on vec4s); stored
+        leaves are read a texel at a time (texel t of `n` is texel t of the leaf: same row, same
+        column); ops with an `emit4` hook (views that keep texels whole, broadcasts) write their
+        own body where they can. Anything else is gathered from its scalar function, four calls
+        per texel (the columns clamped to the row)."""
+        g = self.graph
+        shape = g.shape(n)
+        lead = [f"i{k}" for k in range(len(shape) - 1)]
+        if n in uniform_of:
+            return [f"return vec4({uniform_of[n]});"], [], []
+        if n in textures:
+            row = _flat(lead, shape[:-1]) if lead else "0"
+            return [f"return glc_fetch_{n}_4({row}, j0);"], [], []
+        rule = get_op(g.op(n))
+        ins = g.operands(n)
+        if math.prod(shape) == 1:
+            return [f"return vec4({self.call(n, ['0'] * len(shape))});"], [], [n]
+        if rule.kind == "elementwise":
+            lines = [f"vec4 {'abc'[k]} = {self.call4(src, lead, 'j0')};" for k, src in enumerate(ins)]
+            return [*lines, f"return {rule.glsl4 or rule.glsl};"], list(ins), []
+        if rule.emit4 is not None:
+            form = rule.emit4(self, n, lead)
+            if form is not None:
+                return form
+        return [f"return {self._gather4(n, lead)};"], [], [n]
+
+    def plan4(
+        self, roots: list[int], uniform_of: dict[int, str], textures: set[int]
+    ) -> tuple[dict[int, list[str]], set[int]]:
+        """The vec4 functions computing `roots` a texel at a time (node -> body) and the nodes
+        they call through scalar functions."""
+        bodies: dict[int, list[str]] = {}
+        scalar: set[int] = set()
+        todo = list(roots)
+        while todo:
+            n = todo.pop()
+            if n in bodies:
+                continue
+            lines, vec4_deps, scalar_deps = self.function4(n, uniform_of, textures)
+            bodies[n] = lines
+            todo.extend(vec4_deps)
+            scalar.update(scalar_deps)
+        return bodies, scalar
+
     # -- whole kernel ----------------------------------------------------------------------------
     def _output(self, n: int) -> dict[str, Any]:
         """How main() maps a texel of root `n`'s texture to its elements."""
@@ -366,6 +439,7 @@ class KernelRenderer:
     def render(self, kernel: Kernel, hypers: dict[int, str]) -> Rendered:
         g, t = self.graph, self.target
         self.unroll = self.kernel_unroll(kernel)
+        self.want4 = set()
         samplers: list[tuple[str, int, int]] = []
         uniforms: list[tuple[str, str]] = []
         uniform_of: dict[int, str] = {}
@@ -390,19 +464,20 @@ class KernelRenderer:
                     "samplers": names,
                 }
             )
-        functions = [self.leaf_function(leaf, uniform_of) for leaf in kernel.leaves]
         # Fused nodes and elementwise roots (which MRT groups may also read inline), each defined
         # once, in topological order so callees come before callers (rewrites such as transpose
         # push-down create nodes with ids above their readers').
         inline = set(kernel.body) | {r for r in kernel.roots if get_op(g.op(r)).kind in FUSED_ROOT}
-        # vec4 roots: a loop root with a root4 form, or a single map root whose only loop node
-        # (an epilogue operand read at the root's index) has one.
+        # vec4 roots: a loop root with a root4 form; a map root computes its fused chain a texel at
+        # a time through vec4 functions (plan4), after filling the cache of its only loop node
+        # when that one (an epilogue operand read at the root's index) has a root4 form.
         textures = {leaf for leaf in kernel.leaves if leaf not in uniform_of}
-        roots, cached = [], {}
+        roots, cached, chains = [], {}, []
         for n in kernel.roots:
             spec = self.root(n) | {"template": root_template(g, n)}
             v4 = self.root4(n, textures)
-            if v4 is None and len(kernel.roots) == 1 and get_op(g.op(n)).kind in FUSED_ROOT:
+            fused = get_op(g.op(n)).kind in FUSED_ROOT
+            if v4 is None and len(kernel.roots) == 1 and fused:
                 found = self._epilogue_loop(n, kernel)
                 cache = None
                 if found is not None:
@@ -410,22 +485,58 @@ class KernelRenderer:
                     cache = self.root4t(loop, textures) if how == "transposed" else self.root4(loop, textures)
                 if cache is not None:
                     cached[loop] = cache
-                    v4 = self.root4_head(n) | {"caches": [self._cache_call(n, loop, how)]}
+                    v4 = {"caches": [self._cache_call(n, loop, how)]}
+            if fused and g.shape(n) and (v4 is None or "caches" in v4):
+                lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
+                v4 = self.root4_head(n) | (v4 or {}) | {"chain": self.call4(n, lead, "j0")}
+                chains.append(n)
             if v4 is not None:
                 spec["vec4"] = v4
             roots.append(spec)
-        ordered = [self.function(n) for n in sorted(inline, key=self.position.__getitem__)]
-        for n, fn in zip(sorted(inline, key=self.position.__getitem__), ordered):
-            if n in cached:
-                fn["spec"] = fn["spec"] | {"vec4": cached[n]}
-            elif get_op(g.op(n)).kind == "reduce":
-                # A reduction to one element per row (mode "L") is texel-wise in any context:
-                # its scalar function returns the first lane of its root4.
+        # A reduction to one element per row (mode "L") is texel-wise in any context: its scalar
+        # function returns the first lane of its root4.
+        single = {}
+        for n in inline - set(cached):
+            if get_op(g.op(n)).kind == "reduce":
+                asked = set(self.want4)
                 v4 = self.root4(n, textures)
                 if v4 is not None and v4["mode"] == "L":
                     lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
-                    fn["spec"] = fn["spec"] | {"vec4": v4 | {"single": ", ".join([*lead, "0"])}}
-        functions += ordered
+                    single[n] = v4 | {"single": ", ".join([*lead, "0"])}
+                else:
+                    self.want4 = asked  # the form not taken reads nothing
+        # Loop templates read fused operands a texel at a time through vec4 functions (fn4).
+        bodies, scalar_seeds = self.plan4([*chains, *sorted(self.want4)], uniform_of, textures)
+        # Scalar functions are defined where something calls them: scalar roots, the operands of
+        # loop roots and of every scalar function, and the gathers of vec4 functions.
+        needed: set[int] = set()
+        todo = [*scalar_seeds, *(n for n in kernel.roots if n not in chains)]
+        while todo:
+            n = todo.pop()
+            if n in needed:
+                continue
+            needed.add(n)
+            if n not in kernel.leaves:
+                todo.extend(g.operands(n))
+        for f in fetches:
+            f["scalar"], f["vec4"] = f["node"] in needed, f["node"] in bodies
+        functions = [self.leaf_function(leaf, uniform_of) for leaf in kernel.leaves if leaf in needed]
+        order = sorted(inline & needed, key=self.position.__getitem__)
+        ordered = [self.function(n) for n in order]
+        for n, fn in zip(order, ordered):
+            if n in cached:
+                fn["spec"] = fn["spec"] | {"vec4": cached[n]}
+            elif n in single:
+                fn["spec"] = fn["spec"] | {"vec4": single[n]}
+        # Callees before callers: in topological order, a node's scalar function (which may read its
+        # own template's vec4 cache or call its operands' vec4 functions) before its vec4 function
+        # (which may gather from it); leaves first.
+        slots = [((self.position[n], 0), fn) for n, fn in zip(order, ordered)]
+        for n, lines in bodies.items():
+            head = self.root4_head(n)
+            key = (-1, self.position[n]) if n in kernel.leaves else (self.position[n], 1)
+            slots.append((key, {"sig": f"vec4 v{n}_4({head['params4']})", "lines": lines}))
+        functions += [fn for _, fn in sorted(slots, key=lambda s: s[0])]
         outputs = [self._output(r) for r in kernel.roots]
         for o, spec in zip(outputs, roots):
             if "vec4" in spec:

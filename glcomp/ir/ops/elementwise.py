@@ -1,8 +1,10 @@
 """Elementwise primitives: operands of one shape (the tracer inserts `expand` to broadcast).
 
 Each op's `glsl` is one expression over the operand values a, b; helpers such as glc_tanh come
-from the shared shader prelude. Transcendentals and division cost 2 (simple ops 1) when the
-planner weighs recomputing a fused operand.
+from the shared shader prelude (with vec4 overloads). Kernels evaluate fused chains a texel at a
+time, so an op whose `glsl` is not valid on vec4 operands gives the vec4 form in `glsl4`.
+Transcendentals and division cost 2 (simple ops 1) when the planner weighs recomputing a fused
+operand.
 """
 
 from __future__ import annotations
@@ -58,9 +60,17 @@ _unary(
     lambda g, out, a: (g * _t().unary("step", a),),
     "glc_max(a, 0.0)",
     smooth=False,
+    glsl4="glc_max(a, vec4(0.0))",
 )
 # step and eq are masks for gradient rules; they have zero derivative almost everywhere.
-_unary("step", _step, lambda g, out, a: (None,), "(a > 0.0 ? 1.0 : 0.0)", smooth=False)
+_unary(
+    "step",
+    _step,
+    lambda g, out, a: (None,),
+    "(a > 0.0 ? 1.0 : 0.0)",
+    smooth=False,
+    glsl4="vec4(greaterThan(a, vec4(0.0)))",
+)
 _unary("stop_gradient", lambda a: a.copy(), lambda g, out, a: (None,), "a")
 
 # -- binary --------------------------------------------------------------------------------------
@@ -82,6 +92,7 @@ _binary(
     lambda g, out, a, b: (None, None),
     "(a == b ? 1.0 : 0.0)",
     smooth=False,
+    glsl4="vec4(equal(a, b))",
 )
 
 
@@ -102,5 +113,7 @@ register(
         3,
         "(a != 0.0 ? b : c)",
         same_shapes(3),
+        glsl4="vec4(a.x != 0.0 ? b.x : c.x, a.y != 0.0 ? b.y : c.y, "
+        "a.z != 0.0 ? b.z : c.z, a.w != 0.0 ? b.w : c.w)",
     )
 )

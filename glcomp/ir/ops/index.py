@@ -26,6 +26,14 @@ def one_hot_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
     return [f"return int(floor({label} + 0.5)) == {args[-1]} ? 1.0 : 0.0;"]
 
 
+def one_hot_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
+    """The texel of a one-hot row: the row's label read once, compared with each column."""
+    src = r.graph.operands(n)[0]
+    lanes = [f"k == j0{f' + {c}' if c else ''} ? 1.0 : 0.0" for c in range(4)]
+    lines = [f"int k = int(floor({r.call(src, lead)} + 0.5));", f"return vec4({', '.join(lanes)});"]
+    return lines, [], [src]
+
+
 def sample_one_hot(draw):
     return [dims(draw, 1, 2, 6)], {"num_classes": draw(st().integers(1, 7))}
 
@@ -42,5 +50,6 @@ register(
         smooth=False,
         attrs=("num_classes",),
         emit=one_hot_emit,
+        emit4=one_hot_emit4,
     )
 )

@@ -35,7 +35,8 @@ def matmul_spec(r: Emitter, n: int) -> dict[str, Any]:
 
 def matmul_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | None:
     """matmul.frag.j2's root4: the texel (n[i0, j0 + c])_c; B read texel-wise when stored
-    (b_tex), or through the stored matrix it transposes (w_tex)."""
+    (b_tex), or through the stored matrix it transposes (w_tex); fused operands through their
+    vec4 functions (a4: A's texel along K, b4: a row of B)."""
     g = r.graph
     a, b = g.operands(n)
     spec = r.root4_head(n) | {
@@ -49,6 +50,9 @@ def matmul_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | Non
     }
     if spec["b_tex"] is None and g.op(b) == "permute" and tuple(g.attrs(b)["perm"]) == (1, 0):
         spec["w_tex"] = r.texture(g.operands(b)[0], textures)
+    # Fused operands: A's texel along K and B's rows along N through their vec4 functions.
+    spec["a4"] = r.fn4(a) if spec["a_tex"] is None else None
+    spec["b4"] = r.fn4(b) if spec["b_tex"] is None and spec["w_tex"] is None else None
     return spec
 
 

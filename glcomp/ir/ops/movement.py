@@ -48,6 +48,23 @@ def reshape_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
     return lines
 
 
+def reshape_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
+    """A reshape to the same row length: the same rows, so the same texels (row index unflattened
+    in the operand's leading axes)."""
+    g = r.graph
+    src = g.operands(n)[0]
+    shape, src_shape = g.shape(n), g.shape(src)
+    if not shape or not src_shape or shape[-1] != src_shape[-1]:
+        return None
+    lines, src_lead = [], []
+    if len(src_shape) > 1:
+        lines.append(f"int f = {flat(lead, shape[:-1]) if lead else '0'};")
+        for k, (step, s) in enumerate(zip(strides(src_shape[:-1]), src_shape[:-1])):
+            expr = "f" if step == 1 else f"f / {step}"
+            src_lead.append("0" if s == 1 else (expr if k == 0 else f"imod({expr}, {s})"))
+    return [*lines, f"return {r.call4(src, src_lead, 'j0')};"], [src], []
+
+
 register(
     Op(
         "reshape",
@@ -59,6 +76,7 @@ register(
         attrs=("shape",),
         cost=0,
         emit=reshape_emit,
+        emit4=reshape_emit4,
         view=lambda attrs: "flat",
     )
 )
@@ -84,6 +102,18 @@ def permute_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
     return [f"return {r.call(r.graph.operands(n)[0], src_args)};"]
 
 
+def permute_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
+    """A permutation of the leading axes only: the operand's texel at the permuted row."""
+    perm = tuple(r.graph.attrs(n)["perm"])
+    if perm[-1] != len(perm) - 1:
+        return None
+    src = r.graph.operands(n)[0]
+    src_lead = [""] * len(lead)
+    for k, p in enumerate(perm[:-1]):
+        src_lead[p] = lead[k]
+    return [f"return {r.call4(src, src_lead, 'j0')};"], [src], []
+
+
 register(
     Op(
         "permute",
@@ -95,6 +125,7 @@ register(
         attrs=("perm",),
         cost=0,
         emit=permute_emit,
+        emit4=permute_emit4,
         view=lambda attrs: "transpose" if tuple(attrs["perm"]) == (1, 0) else None,
     )
 )
@@ -125,6 +156,17 @@ def expand_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
     return [f"return {r.call(src, src_args)};"]
 
 
+def expand_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
+    """A broadcast: the operand's texel of the row where the last axis is kept (a per-column
+    vector such as a bias), else its one value of the row splatted."""
+    src = r.graph.operands(n)[0]
+    src_shape = r.graph.shape(src)
+    args = ["0" if s == 1 else a for a, s in zip(lead, src_shape[:-1])]
+    if src_shape[-1] == r.graph.shape(n)[-1]:
+        return [f"return {r.call4(src, args, 'j0')};"], [src], []
+    return [f"return vec4({r.call(src, [*args, '0'])});"], [], [src]
+
+
 register(
     Op(
         "expand",
@@ -136,6 +178,7 @@ register(
         attrs=("shape",),
         cost=0,
         emit=expand_emit,
+        emit4=expand_emit4,
         broadcast=True,
     )
 )
@@ -193,6 +236,16 @@ def slice_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
     return [f"return {r.call(r.graph.operands(n)[0], src_args)};"]
 
 
+def slice_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
+    """A slice that starts at a multiple of 4 along the last axis: the operand's texels, shifted."""
+    starts = r.graph.attrs(n)["starts"]
+    if starts[-1] % 4:
+        return None
+    src_lead = [f"({a} + {lo})" if lo else a for a, lo in zip(lead, starts[:-1])]
+    j0 = f"(j0 + {starts[-1]})" if starts[-1] else "j0"
+    return [f"return {r.call4(r.graph.operands(n)[0], src_lead, j0)};"], [r.graph.operands(n)[0]], []
+
+
 def pad_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
     g = r.graph
     attrs, src = g.attrs(n), g.operands(n)[0]
@@ -209,6 +262,31 @@ def pad_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
     return [f"float x = {r.call(src, src_args)};", f"return ({cond}) ? x : 0.0;"]
 
 
+def pad_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
+    """A padding that starts at a multiple of 4 along the last axis: the operand's texel (read at
+    clamped indices, as in pad_emit), each component selected where it lies inside the operand."""
+    g = r.graph
+    attrs, src = g.attrs(n), g.operands(n)[0]
+    src_shape = g.shape(src)
+    lo_last, size_last = attrs["before"][-1], src_shape[-1]
+    if lo_last % 4:
+        return None
+    conds, src_lead = [], []
+    for a, lo, hi, size in zip(lead, attrs["before"], attrs["after"], src_shape):
+        if lo:
+            conds.append(f"{a} >= {lo}")
+        if lo or hi:
+            conds.append(f"{a} < {lo + size}")
+        shifted = f"{a} - {lo}" if lo else a
+        src_lead.append(f"iclamp({shifted}, 0, {size - 1})" if lo or hi else a)
+    j0 = f"iclamp(j0 - {lo_last}, 0, {4 * ((size_last - 1) // 4)})" if lo_last or attrs["after"][-1] else "j0"
+    if lo_last:
+        conds.append(f"j0 >= {lo_last}")
+    lines = [f"vec4 x = {r.call4(src, src_lead, j0)};", f"bool in_rows = {' && '.join(conds) or 'true'};"]
+    lanes = [f"in_rows && j0 + {c} < {lo_last + size_last} ? x.{'xyzw'[c]} : 0.0" for c in range(4)]
+    return [*lines, f"return vec4({', '.join(lanes)});"], [src], []
+
+
 register(
     Op(
         "slice",
@@ -220,6 +298,7 @@ register(
         attrs=("starts", "stops"),
         cost=0,
         emit=slice_emit,
+        emit4=slice_emit4,
     )
 )
 register(
@@ -233,6 +312,7 @@ register(
         attrs=("before", "after"),
         cost=0,
         emit=pad_emit,
+        emit4=pad_emit4,
     )
 )
 

@@ -82,5 +82,7 @@ register(
         "glc_uniform(a, b, i0)",  # i0: the element index (the op is one-dimensional)
         _sample,
         smooth=False,
+        glsl4="vec4(glc_uniform(a.x, b.x, j0), glc_uniform(a.y, b.y, j0 + 1), "
+        "glc_uniform(a.z, b.z, j0 + 2), glc_uniform(a.w, b.w, j0 + 3))",  # j0: the texel's first index
     )
 )

@@ -67,6 +67,7 @@ def reduce_spec(r: Emitter, n: int) -> dict[str, Any]:
         "total": math.prod(extents),
         "decompose": decompose,
         "read": r.call(src, read),
+        "lead": read[:-1],  # the leading indices read, for a texel-wise read (reduce_spec4)
         "init": rule.glsl_init,
         "combine": rule.glsl,
     }
@@ -75,14 +76,25 @@ def reduce_spec(r: Emitter, n: int) -> dict[str, Any]:
 def reduce_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | None:
     """root4 of a reduction over a stored single-page input (see reduce.frag.j2): mode "K"
     when the last axis is kept and the reduced axes are one contiguous block, mode "L" when
-    the last axis is reduced together with every axis after the first of a trailing block."""
+    the last axis is reduced together with every axis after the first of a trailing block. A
+    fused input with the last axis kept: mode "K", its texels read through its vec4 function."""
     g = r.graph
     (src,) = g.operands(n)
     tex = r.texture(src, textures)
     shape, axes = g.shape(src), sorted(g.attrs(n)["axes"])
     rank = len(shape)
     if tex is None:
-        return None
+        if rank - 1 in axes:
+            return None
+        # A fused input with the last axis kept: its texel at each reduced index (vec4 function).
+        scalar = reduce_spec(r, n)
+        return r.root4_head(n) | {
+            "mode": "K",
+            "x_tex": None,
+            "Q": scalar["total"],
+            "decompose": scalar["decompose"],
+            "x4": r.call4(src, scalar["lead"], "j0"),
+        }
     row_strides = [math.prod(shape[k + 1 : rank - 1]) for k in range(rank)]  # rows per index step
     head = r.root4_head(n)
     kept = [k for k in range(rank - 1) if k not in axes]

@@ -36,6 +36,16 @@ class Emitter(Protocol):
         """A call of node `n`'s function at the index expressions `args`."""
         ...
 
+    def fn4(self, n: int) -> str:
+        """The name of node `n`'s vec4 function `vec4 f(int i0, ..., int j0)`, the elements
+        (i0, ..., j0 + c) for c = 0..3, `j0` a multiple of 4; the kernel then defines it."""
+        ...
+
+    def call4(self, n: int, lead: list[str], j0: str) -> str:
+        """A call of node `n`'s vec4 function: its elements (lead..., j0 + c) for c = 0..3, `j0` a
+        multiple of 4 (components past the row end unspecified)."""
+        ...
+
     def texture(self, n: int, textures: set[int]) -> dict[str, Any] | None:
         """Sampler and geometry of `n` when it is one of `textures` (the kernel's stored leaves)
         on a single page, or a row-preserving view of one; None otherwise."""
@@ -56,6 +66,10 @@ class Op:
                "not differentiable in this input". None for ops with no gradient at all.
     kind:      kernel family (see KINDS); decides which template renders the op.
     glsl:      elementwise ops only: a GLSL expression over a, b, c (the operand values).
+    glsl4:     elementwise ops whose `glsl` is not valid GLSL on vec4 operands (a ternary, a
+               float literal where a vec4 is needed): the same expression over vec4 a, b, c,
+               computing each component exactly as `glsl` computes it (j0: the index of the
+               first component along the last axis). None: `glsl` is valid on vec4 as written.
     arity:     number of inputs, None for variadic ops.
     sample:    test-data hook: (draw) -> (input shapes, attrs) for property tests; None means
                the op is covered through the ops that build it (sources, for example).
@@ -83,6 +97,10 @@ class Op:
     spec4t:      like spec4, for the `root4t` macro (the texel of the transposed result).
     emit:        fused movement, index and constant ops: (emitter, node, index names) -> the
                  lines of the GLSL function body computing the element at those indices.
+    emit4:       fused movement ops: (emitter, node, leading index names) -> the vec4 form of the
+                 node, the texel (lead..., j0 + c)_c: (body lines, operands called through
+                 `call4`, operands called through `call`), or None where the texel is no texel of
+                 an operand (the renderer then gathers four scalar calls).
     view:        movement ops: attrs -> "flat" when the op keeps the elements in row-major order
                  (a reshape), "transpose" when it swaps the two axes of a matrix, else None.
     broadcast:   movement ops that read one operand element for several output elements.
@@ -113,17 +131,21 @@ class Op:
     spec4: Callable[[Emitter, int, set[int]], dict[str, Any] | None] | None = None
     spec4t: Callable[[Emitter, int, set[int]], dict[str, Any] | None] | None = None
     emit: Callable[[Emitter, int, list[str]], list[str]] | None = None
+    emit4: Callable[[Emitter, int, list[str]], tuple[list[str], list[int], list[int]] | None] | None = None
     view: Callable[[dict[str, Any]], str | None] | None = None
     broadcast: bool = False
     rereads: bool = False
     feed: bool = False
     blend_add: bool = False
+    glsl4: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"op {self.name!r}: unknown kind {self.kind!r}")
         if self.kind == "elementwise" and not self.glsl:
             raise ValueError(f"op {self.name!r}: elementwise ops need a glsl expression")
+        if self.kind == "elementwise" and "?" in str(self.glsl) and not self.glsl4:
+            raise ValueError(f"op {self.name!r}: a ternary is not valid on vec4 operands; give a glsl4 form")
         if self.kind in LOOP_KINDS and not (self.template and self.loop_extent and self.spec):
             raise ValueError(f"op {self.name!r}: {self.kind} ops need a template, a loop extent and a spec")
 
