@@ -17,7 +17,7 @@ import pytest
 
 import glcomp
 from glcomp import nn
-from glcomp.codegen import tiled
+from glcomp.codegen import cost, tiled
 from glcomp.codegen.bundle import build_bundle, load_bundle
 from glcomp.codegen.layout import layout_for
 from glcomp.codegen.plan import Kernel
@@ -54,8 +54,8 @@ def force(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     def apply(shape: tuple[int, int]) -> None:
         monkeypatch.setattr(tiled, "SHAPES", (shape,))
-        monkeypatch.setattr(tiled, "DRAW_COST", 0)
-        monkeypatch.setattr(tiled, "GATHER_COST", 0)
+        monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
+        monkeypatch.setattr(tiled, "GATHER_FETCHES", 0)
 
     return apply
 

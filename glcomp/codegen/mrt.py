@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from glcomp.codegen import cost as cost_model
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.plan import FUSIBLE, Kernel
 from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
@@ -76,11 +77,6 @@ def mrt_fusion(
     return out, resized
 
 
-# Cost model, in element-operations: one draw call costs about as much as this much shader work
-# (state changes, a framebuffer bind, a pipeline flush on tilers).
-DRAW_COST = 20_000
-
-
 def root_cost(graph: Graph, n: int) -> int:
     """Shader work per output element of root `n`: its loop length (1 for elementwise roots),
     from the renderer's loop model, the one the loop budget uses too."""
@@ -101,13 +97,13 @@ def _pays(
     """Merging saves a draw; it costs the work of each root over texels it would not cover alone
     (WebGL 1 computes every root on every texel of the shared footprint; WebGL 2 skips texels
     past a root's data, but the larger footprint still runs). `cost` is each root's work per
-    element."""
+    element; all in element-iterations (glcomp.codegen.cost)."""
     separate = sum(layouts[r].texels * 4 * cost[r] for r in a + b)
     if target.webgl1:
         merged = footprint * 4 * sum(cost[r] for r in a + b)
     else:
         merged = separate + footprint * 4 * len(a + b)
-    return merged <= separate + DRAW_COST
+    return merged <= separate + cost_model.DRAW
 
 
 def _has_fused_loop(graph: Graph, k: Kernel) -> bool:

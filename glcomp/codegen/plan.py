@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from glcomp.codegen import cost
 from glcomp.codegen.target import Target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
@@ -59,9 +60,6 @@ def _readers_through_views(graph: Graph, n: int, memo: dict[int, int]) -> int:
             count += 1
     memo[n] = count
     return count
-
-
-CHEAP_OPS = 2  # fused ops a matmul/conv operand may recompute per read
 
 
 def _recompute_cost(graph: Graph, n: int, stored: set[int]) -> int:
@@ -130,7 +128,7 @@ def storage_reasons(graph: Graph, fusion: bool = True, order: list[int] | None =
             for src in graph.operands(n):
                 while get_op(graph.op(src)).kind == "movement" and src not in stored:
                     (src,) = graph.operands(src)[:1]
-                if src not in stored and _recompute_cost(graph, src, stored.keys()) > CHEAP_OPS:
+                if src not in stored and _recompute_cost(graph, src, stored.keys()) > cost.RECOMPUTE:
                     stored[src] = LOOP_OPERAND
     return stored
 

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from glcomp.codegen import cost
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.plan import Kernel
 from glcomp.codegen.render import FUSED_ROOT, Rendered, environment, safe_comment
@@ -30,10 +31,8 @@ from glcomp.ir.ops import get_op
 
 # Block shapes (R rows, C column texels) tried, R * C render targets each.
 SHAPES = ((8, 1), (4, 2), (4, 1), (2, 2), (2, 1))
-# What one extra draw and its gather pass cost, in texel fetches of the loop kernel: a draw's
-# fixed cost (state changes, a pass over the viewport) on the GPUs glcomp targets.
-DRAW_COST = 1 << 18
-GATHER_COST = 2  # fetches-equivalent per output texel of the gather draw (one fetch, one write)
+# The gather pass's work per output texel, in texel fetches (one fetch, one write).
+GATHER_FETCHES = 2
 
 
 @dataclass(frozen=True)
@@ -101,16 +100,16 @@ def choose_tiling(
         return None
     (m, k), cols = graph.shape(a), graph.shape(n)[1]
     rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
-    today = m * rt * k4 * fetches_per_texel(1, 1)
+    today = cost.fetches(m * rt * k4 * fetches_per_texel(1, 1))
     best: tuple[float, int, int] | None = None
     for r, c in SHAPES:
         fw, fh = -(-rt // c), -(-m // r)
         if r * c > target.max_draw_buffers or fw * fh > target.max_texture_size**2:
             continue
-        cost = fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * GATHER_COST
-        cost += DRAW_COST * (1 + extra_draws)
-        if best is None or cost < best[0]:
-            best = (cost, r, c)
+        work = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * GATHER_FETCHES)
+        work += cost.draws(1 + extra_draws, blocked=True)
+        if best is None or work < best[0]:
+            best = (work, r, c)
     if best is None or best[0] >= today:
         return None
     return Tiling(n, a, b, form, best[1], best[2], m, k, cols)

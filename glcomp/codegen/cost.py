@@ -1,0 +1,46 @@
+"""The code generator's one cost model, in one unit: the element-iteration.
+
+One *element-iteration* is one iteration of a kernel loop for one output element: a texel fetch
+shared by the texel's four elements and a multiply-add (a vec4 kernel's loop iteration over a
+whole texel counts 4; one texel fetch counts `FETCH`). A fused elementwise op evaluated once per
+element costs its `Op.cost` (1; transcendentals and division 2; views 0). A draw call's fixed
+cost (binding its program, framebuffer and textures, one pass over the viewport) is `DRAW`.
+
+Every decision that trades shader work against draws or textures uses these numbers:
+
+- fusion (glcomp.codegen.plan): a fused operand of a matmul or convolution is recomputed at every
+  read while it costs at most `RECOMPUTE` ops per read, else it is stored;
+- MRT (glcomp.codegen.mrt): kernels merge into one draw when the work added by the common
+  footprint costs less than the `DRAW` saved;
+- tiling (glcomp.codegen.tiled): a matmul runs register-blocked when the fetches it saves, at
+  `FETCH` each, exceed its gather pass and `BLOCKED_DRAW` per draw it adds.
+
+Calibration. benchmarks/calibrate.py times a loop kernel over 256x256 texels for two loop lengths
+and chains of 1x1 draws that switch program, target and texture: on Mesa llvmpipe (2 vCPUs of an
+AMD EPYC, 2026-11-30) 0.50-0.63 ns per element-iteration and 31-59 us per isolated draw, i.e.
+62,000-94,000 element-iterations. Whole training steps say less: with `DRAW` = 65,536 MRT merged
+more (LSTM 104 -> 82 draws per step, CNN 36 -> 32) and the steps ran no faster (LSTM 74 -> 86
+ms, CNN 13.2 -> 13.8 ms; benchmarks/bench.py, GL runtime, same machine and hour, load 3.7-4.5),
+so `DRAW` stays at the 20,000 those measurements favour. A register-blocked draw (up to 8 render
+targets) and its gather draw cost far more than a plain draw on CPU rasterizers: tiling every
+matmul that the fetch count alone favours made the MLP and conv_seed steps 10-25% slower on
+llvmpipe, so `BLOCKED_DRAW` is 2^20 element-iterations (2^18 fetches), which keeps tiling for
+large products (about 1024^3 and up), where the H200 measured it 3.4x faster.
+"""
+
+from __future__ import annotations
+
+DRAW = 20_000  # element-iterations one draw call costs
+BLOCKED_DRAW = 1 << 20  # element-iterations a register-blocked draw or its gather draw costs
+FETCH = 4  # element-iterations one texel fetch counts (a texel holds four elements)
+RECOMPUTE = 2  # ops of fused arithmetic a loop kernel may recompute at each read of an operand
+
+
+def draws(count: int, blocked: bool = False) -> int:
+    """The cost of `count` draw calls (register-blocked ones and their gathers with `blocked`)."""
+    return count * (BLOCKED_DRAW if blocked else DRAW)
+
+
+def fetches(count: float) -> float:
+    """The cost of `count` texel fetches."""
+    return count * FETCH
