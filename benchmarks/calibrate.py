@@ -93,7 +93,8 @@ def measure(ctx, k_small: int = 16, k_large: int = 80) -> dict[str, float]:
             vao.render(vertices=3)
 
     per_draw = _time(chain, 200, ctx) / len(points)
-    for obj in [quad, src, out, fbo, *(x for pair in loops.values() for x in pair), *(x for p in points for x in p)]:
+    objects = [quad, src, out, fbo, *(x for pair in loops.values() for x in pair)]
+    for obj in objects + [x for p in points for x in p]:
         obj.release()
     return {"element_iteration_s": per_iter, "draw_s": per_draw, "draw_in_iterations": per_draw / per_iter}
 
