@@ -66,8 +66,13 @@ def split_wide(plan: KernelPlan) -> KernelPlan:
 
 def isolate_states(plan: KernelPlan) -> KernelPlan:
     """Give every written-back state a node of its own: a state's new texture must not be an
-    input texture or shared with another output (identity copies are inserted where needed)."""
-    g = plan.graph.copy()
+    input texture or shared with another output (identity copies are inserted where needed).
+    A plan whose states are isolated already is returned as it is."""
+    g = plan.graph
+    states = [n for key, n in g.outputs.items() if key.partition(":")[0] in ("param", "buffer", "state")]
+    if len(set(states)) == len(states) and not any(get_op(g.op(n)).feed for n in states):
+        return plan
+    g = g.copy()
     seen: set[int] = set()
     for key, n in list(g.outputs.items()):
         if key.partition(":")[0] not in ("param", "buffer", "state"):

@@ -93,16 +93,16 @@ class Graph:
 
     # -- queries ------------------------------------------------------------------------------
     def node(self, n: int) -> dict[str, Any]:
-        return self.g.nodes[n]
+        return self.g._node[n]
 
     def op(self, n: int) -> str:
-        return self.g.nodes[n]["op"]
+        return self.g._node[n]["op"]
 
     def shape(self, n: int) -> tuple[int, ...]:
-        return self.g.nodes[n]["shape"]
+        return self.g._node[n]["shape"]
 
     def attrs(self, n: int) -> dict[str, Any]:
-        return self.g.nodes[n]["attrs"]
+        return self.g._node[n]["attrs"]
 
     def operands(self, n: int) -> list[int]:
         """The nodes `n` reads, in operand order (by the ``index`` of its in-edges)."""
@@ -173,14 +173,30 @@ class Graph:
             if n == old:
                 self.outputs[name] = new
 
+    def live(self) -> set[int]:
+        """The nodes some output depends on, and every input."""
+        keep: set[int] = set(self.inputs.values())
+        pred = self.g._pred
+        stack = [n for n in self.outputs.values() if n not in keep]
+        keep.update(stack)
+        while stack:  # every ancestor of an output, in one walk
+            for src in pred[stack.pop()]:
+                if src not in keep:
+                    keep.add(src)
+                    stack.append(src)
+        return keep
+
     def prune(self) -> Graph:
         """Return a copy without nodes that no output depends on (inputs are always kept)."""
-        keep: set[int] = set(self.inputs.values())
-        for out in self.outputs.values():
-            keep |= nx.ancestors(self.g, out) | {out}
         new = self.copy()
-        new.g.remove_nodes_from([n for n in self.g.nodes if n not in keep])
+        new.prune_in_place()
         return new
+
+    def prune_in_place(self) -> None:
+        """Remove the nodes no output depends on (inputs are always kept), in place."""
+        keep = self.live()
+        if len(keep) != len(self.g):
+            self.g.remove_nodes_from([n for n in self.g.nodes if n not in keep])
 
     def validate(self) -> None:
         """Check the written contract of a well-formed graph; raise GlcompError if broken.
