@@ -16,6 +16,7 @@ draw, so the steps of a recurrence share a program.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
 _ORIGIN = "// from "
@@ -27,6 +28,13 @@ _DECLARATIONS = "uniform int u_page_offset;\n"
 MAX_OFFSET = 1 << 24  # integer uniforms must stay exact in highp int and in JSON numbers
 # Helper functions of the shared prelude (glc_*, imod, iclamp): kept only where called.
 _HELPER = re.compile(r"^(?:void|float|int|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE)
+_CALL = re.compile(r"\b(\w+)\(")  # a call (or a definition) of any function: its whole name
+
+
+@lru_cache(maxsize=1024)
+def _called(text: str) -> frozenset[str]:
+    """The names of the functions `text` calls (or defines); helper texts repeat in every shader."""
+    return frozenset(_CALL.findall(text))
 
 
 def drop_unused_helpers(source: str) -> str:
@@ -53,14 +61,15 @@ def drop_unused_helpers(source: str) -> str:
     if not spans:
         return source
     in_span = set().union(*(range(a, b + 1) for _, a, b in spans))
-    calls = re.compile(r"\b(" + "|".join(sorted({re.escape(n) for n, _, _ in spans})) + r")\(")
-    # Helpers reachable from the rest of the shader through calls, helper to helper.
+    names = {n for n, _, _ in spans}
+    # Helpers reachable from the rest of the shader through calls, helper to helper (a name
+    # followed by "(" is a call of that helper exactly when the whole word is the name).
     outside = "\n".join(line for k, line in enumerate(lines) if k not in in_span)
     callees: dict[str, set[str]] = {}
     for name, a, b in spans:
         own = "\n".join(lines[a : b + 1])
-        callees.setdefault(name, set()).update(c for c in calls.findall(own) if c != name)
-    reached, todo = set(), list(set(calls.findall(outside)))
+        callees.setdefault(name, set()).update(c for c in _called(own) & names if c != name)
+    reached, todo = set(), sorted(set(_CALL.findall(outside)) & names)
     while todo:
         name = todo.pop()
         if name not in reached:
@@ -80,6 +89,14 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
     Guarantee: a bijective renaming of identifiers the renderer generates from node ids, and
     offsets replaced by uniforms holding the same integers, so the shader computes the same
     values; two kernels whose sources differ only in those ids and offsets get the same text."""
+    text, renamed, offsets = _canonical(source)
+    return text, dict(renamed), dict(offsets)
+
+
+@lru_cache(maxsize=1024)
+def _canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
+    """`canonical`, remembered: entry points (predict, gradients, train_step) render many of the
+    same kernels; callers get copies of the dicts."""
     source = drop_unused_helpers(_NODE_LIST.sub("", source, count=1))
     local: dict[str, int] = {}
     renamed: dict[str, str] = {}
