@@ -24,6 +24,7 @@ from glcomp.codegen.pipeline import check_pass_name, run_pipeline
 from glcomp.codegen.plan import Kernel
 from glcomp.codegen.programs import canonical, merge_origins, sharing_key
 from glcomp.codegen.render import KernelRenderer, vertex_shader
+from glcomp.codegen.render_cache import RenderCache
 from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
 from glcomp.codegen.target import Target
 from glcomp.codegen.tiled import render_tiled
@@ -158,6 +159,7 @@ def build_bundle(program: Program, dump_after: str | None = None, check: bool = 
     programs: dict[str, dict[str, Any]] = {}
     shaders: dict[str, str] = {"quad.vert": vertex_shader(target)}
     by_source: dict[str, str] = {}
+    cache = RenderCache()
 
     # Persistent state: parameters, float buffers and optimizer state, two texture sets each
     # (ping-pong: an update reads one set and writes the other).
@@ -180,7 +182,7 @@ def build_bundle(program: Program, dump_after: str | None = None, check: bool = 
     for entry in ENTRY_POINTS:
         if entry in program.graphs:
             plan = run_pipeline(entry_plan(program, entry), dump_after, check)
-            entries[entry] = _emit_entry(plan, pool, programs, shaders, by_source)
+            entries[entry] = _emit_entry(plan, pool, programs, shaders, by_source, cache)
 
     # Only textures some draw, input or output names: loaders refuse a bundle declaring others
     # (a pool texture can lose its last use when draws are merged into blended ones).
@@ -231,9 +233,12 @@ def _emit_entry(
     programs: dict[str, Any],
     shaders: dict[str, str],
     by_source: dict[str, str],
+    cache: RenderCache | None = None,
 ) -> dict[str, Any]:
     """An entry point's manifest record from its final plan: textures named from the shared
-    `pool`, each kernel rendered (programs shared by identical sources), its draws listed."""
+    `pool`, each kernel rendered (programs shared by identical sources; kernels equal to one of
+    an earlier entry point rendered once, through `cache`), its draws listed."""
+    cache = cache or RenderCache()
     graph, layouts = plan.graph, plan.layouts
     hypers = plan.hypers()
     renderer = KernelRenderer(graph, dict(layouts), plan.target)
@@ -252,7 +257,9 @@ def _emit_entry(
     for kernel in plan.kernels:
         t = plan.tilings.get(kernel.name)
         if t is None:
-            parts = [(renderer.render(kernel, hypers), plan.written(kernel), layouts[kernel.roots[0]])]
+            parts = [
+                (cache.render(renderer, plan, kernel, hypers), plan.written(kernel), layouts[kernel.roots[0]])
+            ]
         else:  # a register-blocked draw into tiles, then a gather draw (glcomp.codegen.tiled)
             block, gather = render_tiled(t, kernel, dict(layouts), plan.target)
             parts = [(block, t.tiles, t.tile_layout(size)), (gather, plan.written(kernel), layouts[t.node])]
