@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from glcomp.codegen import plan as kernels_of
 from glcomp.codegen.blend import blend_accumulation
 from glcomp.codegen.kernel_plan import KernelPlan, check_plan
-from glcomp.codegen.layout import layout_for
+from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.memplan import assign_slots
 from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.options import PASSES
@@ -88,10 +88,15 @@ def layout(plan: KernelPlan) -> KernelPlan:
     node's texture layout, computed once."""
     g, size = plan.graph, plan.target.max_texture_size
     order = g.topo()
+    by_shape: dict[tuple[int, ...], Layout] = {}  # layouts are values: one per distinct shape
+    layouts = {}
+    for n in g.nodes():
+        shape = g.shape(n)
+        if shape not in by_shape:
+            by_shape[shape] = layout_for(shape, size)
+        layouts[n] = by_shape[shape]
     return plan.replace(
-        order=tuple(order),
-        operands={n: tuple(g.operands(n)) for n in order},
-        layouts={n: layout_for(g.shape(n), size) for n in g.nodes()},
+        order=tuple(order), operands={n: tuple(g.operands(n)) for n in order}, layouts=layouts
     )
 
 
