@@ -165,7 +165,8 @@ def tiling(plan: KernelPlan) -> KernelPlan:
         return plan
     keep = set(plan.blended)
     kernels, products = split_epilogues(list(plan.kernels), plan.graph, dict(plan.layouts), plan.target, keep)
-    chosen = {k.name: choose_tiling(plan.graph, k, dict(plan.layouts), plan.target) for k in kernels}
+    layouts = dict(plan.layouts)  # one copy for all kernels: choose_tiling only reads it
+    chosen = {k.name: choose_tiling(plan.graph, k, layouts, plan.target) for k in kernels}
     tilings = {name: t for name, t in chosen.items() if t is not None and name not in keep}
     if not tilings:
         return plan
