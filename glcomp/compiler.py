@@ -146,7 +146,7 @@ def _compile(
     if not trainable:
         raise GlcompError("no parameter has requires_grad=True: nothing to train")
     grads = autodiff(graph, "loss", trainable)
-    graphs["gradients"] = _finish(_only(grads, ["loss"] + [f"grad:{n}" for n in trainable]))
+    graphs["gradients"] = _only(grads, ["loss"] + [f"grad:{n}" for n in trainable])
     if optimizer is None:
         return program
 
@@ -179,7 +179,7 @@ def _compile(
             for slot, t in new_slots.items():
                 train.outputs[f"state:opt.{name}.{slot}"] = t.node
     keep = ["loss"] + [k for k in train.outputs if k.split(":")[0] in ("param", "state", "buffer")]
-    graphs["train_step"] = _finish(_only(train, keep))
+    graphs["train_step"] = _only(train, keep)
     return program
 
 
@@ -402,8 +402,11 @@ def _trainable(model: Module, optimizer: Optimizer | None) -> list[str]:
 
 
 def _only(graph: Graph, names: list[str]) -> Graph:
+    """A new graph computing only the outputs `names` of `graph`, pruned and validated."""
     g = graph.copy()
     g.outputs = {k: graph.outputs[k] for k in names}
+    g.prune_in_place()  # the copy is ours: no second copy to prune
+    g.validate()
     return g
 
 

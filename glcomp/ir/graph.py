@@ -207,15 +207,14 @@ class Graph:
         """
         from glcomp.ir.printer import format_node
 
-        if not nx.is_directed_acyclic_graph(self.g):
-            raise GlcompError("graph has a cycle")
-        for n in self.g.nodes:
-            data = self.g.nodes[n]
+        self.topo()  # GlcompError("graph has a cycle") unless acyclic
+        pred = self.g._pred
+        for n, data in self.g._node.items():
             try:
                 rule = get_op(data["op"])
             except KeyError:
                 raise GlcompError(f"unregistered op {data['op']!r} at node %{n}") from None
-            idx = sorted(i for _, _, i in self.g.in_edges(n, data="index"))
+            idx = sorted(e["index"] for keys in pred[n].values() for e in keys.values())
             if idx != list(range(len(idx))):
                 raise GlcompError(f"bad operand indices {idx} at {format_node(self, n)}")
             if rule.arity is not None and len(idx) != rule.arity:
