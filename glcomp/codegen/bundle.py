@@ -22,9 +22,9 @@ from glcomp.codegen.options import PASSES as OPTION_PASSES
 from glcomp.codegen.options import STORAGE, CompileOptions
 from glcomp.codegen.pipeline import check_pass_name, run_pipeline
 from glcomp.codegen.plan import Kernel
-from glcomp.codegen.programs import canonical, merge_origins, sharing_key
+from glcomp.codegen.programs import merge_origins, sharing_key
 from glcomp.codegen.render import KernelRenderer, vertex_shader
-from glcomp.codegen.render_cache import RenderCache
+from glcomp.codegen.render_cache import Lowered, RenderCache
 from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
 from glcomp.codegen.target import Target
 from glcomp.codegen.tiled import render_tiled
@@ -236,8 +236,8 @@ def _emit_entry(
     cache: RenderCache | None = None,
 ) -> dict[str, Any]:
     """An entry point's manifest record from its final plan: textures named from the shared
-    `pool`, each kernel rendered (programs shared by identical sources; kernels equal to one of
-    an earlier entry point rendered once, through `cache`), its draws listed."""
+    `pool`, each kernel rendered (programs shared by identical sources; kernels that differ from
+    one lowered before only in node ids are rendered once, through `cache`), its draws listed."""
     cache = cache or RenderCache()
     graph, layouts = plan.graph, plan.layouts
     hypers = plan.hypers()
@@ -257,12 +257,14 @@ def _emit_entry(
     for kernel in plan.kernels:
         t = plan.tilings.get(kernel.name)
         if t is None:
-            parts = [
-                (cache.render(renderer, plan, kernel, hypers), plan.written(kernel), layouts[kernel.roots[0]])
-            ]
+            lowered = cache.lower(renderer, plan, kernel, hypers)
+            parts = [(lowered, plan.written(kernel), layouts[kernel.roots[0]])]
         else:  # a register-blocked draw into tiles, then a gather draw (glcomp.codegen.tiled)
             block, gather = render_tiled(t, kernel, dict(layouts), plan.target)
-            parts = [(block, t.tiles, t.tile_layout(size)), (gather, plan.written(kernel), layouts[t.node])]
+            parts = [
+                (Lowered.of(block), t.tiles, t.tile_layout(size)),
+                (Lowered.of(gather), plan.written(kernel), layouts[t.node]),
+            ]
         draws += _draws(kernel, parts, ref, plan.blended, programs, shaders, by_source)
     return {
         "inputs": {name: [ref(n, p) for p in range(layouts[n].pages)] for name, n in plan.data_in().items()},
@@ -284,20 +286,19 @@ def load_bundle(directory: str | Path) -> Bundle:
 
 def _draws(
     kernel: Kernel,
-    parts: list[tuple[Any, list[int], Layout]],
+    parts: list[tuple[Lowered, list[int], Layout]],
     ref: Any,
     blended: frozenset[str],
     programs: dict[str, Any],
     shaders: dict[str, str],
     by_source: dict[str, str],
 ) -> list[dict[str, Any]]:
-    """The draws of one kernel: for each (rendered shader, values written, footprint) part, its
+    """The draws of one kernel: for each (lowered shader, values written, footprint) part, its
     program (shared with any kernel of the same canonical source) drawn once per page."""
     draws = []
     for rendered, targets, out in parts:
         # Kernels that differ only in node ids (each step of a recurrence) share one program.
-        source, renamed, offsets = canonical(rendered.source)
-        samplers = [(renamed.get(s, s), n, p) for s, n, p in rendered.samplers]
+        source, samplers, offsets = rendered.source, rendered.samplers, rendered.offsets
         digest = hashlib.sha256(sharing_key(source).encode()).hexdigest()[:16]
         if digest in by_source:  # shared: the program's shader also names this kernel's origins
             fragment = f"{by_source[digest]}.frag"

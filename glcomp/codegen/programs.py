@@ -102,14 +102,6 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
     Guarantee: a bijective renaming of identifiers the renderer generates from node ids, and
     offsets replaced by uniforms holding the same integers, so the shader computes the same
     values; two kernels whose sources differ only in those ids and offsets get the same text."""
-    text, renamed, offsets = _canonical(source)
-    return text, dict(renamed), dict(offsets)
-
-
-@lru_cache(maxsize=1024)
-def _canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
-    """`canonical`, remembered: entry points (predict, gradients, train_step) render many of the
-    same kernels; callers get copies of the dicts."""
     source = drop_unused_helpers(_NODE_LIST.sub("", source, count=1))
     local: dict[str, int] = {}
     renamed: dict[str, str] = {}
