@@ -11,6 +11,7 @@ import numpy as np
 
 from glcomp.codegen.target import TARGETS
 from glcomp.errors import GlcompError
+from glcomp.gcpause import gc_paused
 from glcomp.ir.graph import Graph, origin
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, maximum
@@ -69,7 +70,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
 
         check_pass_name(dump_after)
     clip = (clip_grad_value, clip_grad_norm)
-    program = _compile(model, inputs, loss, optimizer, target, target_name, target_spec, *clip, options)
+    with gc_paused():  # see glcomp.gcpause
+        program = _compile(model, inputs, loss, optimizer, target, target_name, target_spec, *clip, options)
     if dump_after is not None:
         from glcomp.codegen.bundle import build_bundle
 
