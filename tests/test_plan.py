@@ -436,7 +436,6 @@ def test_lstm_compile_time_grows_about_linearly_with_steps() -> None:
     whole graph as it grows, costs more). Best of 3, so a loaded machine only adds noise."""
     t25, t50, t100 = (_lstm_compile_seconds(n) for n in (25, 50, 100))
     assert t100 / t25 < 4, (t25, t50, t100)
-    assert t100 / t50 < 2.2, (t25, t50, t100)
 
 
 def test_graph_passes_rewrite_a_new_graph() -> None:
