@@ -11,7 +11,7 @@ import numpy as np
 
 from glcomp.codegen.target import TARGETS
 from glcomp.errors import GlcompError
-from glcomp.gcpause import gc_paused
+from glcomp.ir.gcpause import gc_paused
 from glcomp.ir.graph import Graph, origin
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, maximum
@@ -70,7 +70,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
 
         check_pass_name(dump_after)
     clip = (clip_grad_value, clip_grad_norm)
-    with gc_paused():  # see glcomp.gcpause
+    with gc_paused():  # see glcomp.ir.gcpause
         program = _compile(model, inputs, loss, optimizer, target, target_name, target_spec, *clip, options)
     if dump_after is not None:
         from glcomp.codegen.bundle import build_bundle

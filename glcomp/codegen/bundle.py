@@ -29,7 +29,7 @@ from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
 from glcomp.codegen.target import Target
 from glcomp.codegen.tiled import render_tiled
 from glcomp.errors import GlcompError
-from glcomp.gcpause import gc_paused
+from glcomp.ir.gcpause import gc_paused
 from glcomp.program import ENTRY_POINTS, Program
 
 FORMAT = "glcomp-bundle"
@@ -152,7 +152,7 @@ def build_bundle(program: Program, dump_after: str | None = None, check: bool = 
     glcomp.codegen.pipeline.PIPELINE. `dump_after` names a pass: the kernel plan of each entry
     point is printed after it (GlcompError listing the passes for an unknown name). With
     `check`, glcomp.codegen.kernel_plan.check_plan checks the plan after every pass."""
-    with gc_paused():  # see glcomp.gcpause
+    with gc_paused():  # see glcomp.ir.gcpause
         return _build_bundle(program, dump_after, check)
 
 

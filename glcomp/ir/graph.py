@@ -140,10 +140,8 @@ class Graph:
 
     def copy(self) -> Graph:
         """An independent copy: the same nodes, edges (keys included) and attributes, in the same
-        iteration order as ``networkx.MultiDiGraph.copy`` gives. Node data and attrs dicts are
-        new, so edits to the copy stay local; edge data dicts (``{"index": i}``) are shared, as
-        no pass changes an edge's data in place (operands are rewired by removing and adding
-        edges, see `replace_uses`)."""
+        iteration order as ``networkx.MultiDiGraph.copy`` gives; node data and attrs dicts and
+        edge data dicts are new, so edits to the copy stay local."""
         old = self.g
         g = nx.MultiDiGraph()
         g.graph.update(old.graph)
@@ -153,7 +151,7 @@ class Graph:
         for u, users in old._succ.items():
             out = succ[u]
             for v, keys in users.items():
-                out[v] = pred[v][u] = keys.copy()
+                out[v] = pred[v][u] = {key: data.copy() for key, data in keys.items()}
         g._node, g._adj, g._succ, g._pred = nodes, succ, succ, pred
         new = Graph()
         new.g = g
