@@ -438,6 +438,16 @@ def test_lstm_compile_time_grows_about_linearly_with_steps() -> None:
     assert t100 / t25 < 4, (t25, t50, t100)
 
 
+def test_graph_passes_that_change_nothing_return_their_input() -> None:
+    """An MLP's predict graph has no views to fold, no long reductions, no concats and no states:
+    the graph passes hand on the very graph they were given (no copies)."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    plans = _plans(_program(model, {"x": (2, 4)}), "predict")
+    graphs = [plans[name].graph for name in ("pushdown", "fold_views", "split_reductions", "split_wide")]
+    assert all(g is graphs[0] for g in graphs), [id(g) for g in graphs]
+    assert plans["isolate_states"].graph is graphs[0]
+
+
 def test_graph_passes_rewrite_a_new_graph() -> None:
     """split_wide narrows ``out[:, -1]`` of the stacked LSTM outputs to the last step (the
     concat disappears); isolate_states gives every written-back state a node of its own."""
