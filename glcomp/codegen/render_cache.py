@@ -37,7 +37,7 @@ _DIGITS = re.compile(r"[0-9]+")
 
 def _numbers_in_names(source: str) -> set[int]:
     """Every number written inside an identifier of `source`."""
-    return {int(d) for name in set(_IDENTIFIER.findall(source)) for d in _DIGITS.findall(name)}
+    return {int(d) for d in set(_DIGITS.findall(" ".join(set(_IDENTIFIER.findall(source)))))}
 
 
 @dataclass(frozen=True)
