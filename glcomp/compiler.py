@@ -11,6 +11,7 @@ import numpy as np
 
 from glcomp.codegen.target import TARGETS
 from glcomp.errors import GlcompError
+from glcomp.ir.gcpause import gc_paused
 from glcomp.ir.graph import Graph, origin
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, maximum
@@ -71,7 +72,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
 
         check_pass_name(dump_after)
     clip = (clip_grad_value, clip_grad_norm)
-    program = _compile(model, inputs, loss, optimizer, target, target_name, target_spec, *clip, options)
+    with gc_paused():  # see glcomp.ir.gcpause
+        program = _compile(model, inputs, loss, optimizer, target, target_name, target_spec, *clip, options)
     if dump_after is not None:
         from glcomp.codegen.bundle import build_bundle
 
@@ -149,7 +151,7 @@ def _compile(
     if not trainable:
         raise GlcompError("no parameter has requires_grad=True: nothing to train")
     grads = autodiff(graph, "loss", trainable)
-    graphs["gradients"] = _finish(_only(grads, ["loss"] + [f"grad:{n}" for n in trainable]))
+    graphs["gradients"] = _only(grads, ["loss"] + [f"grad:{n}" for n in trainable])
     if optimizer is None:
         return program
 
@@ -183,7 +185,7 @@ def _compile(
             for slot, t in new_slots.items():
                 train.outputs[f"state:opt.{name}.{slot}"] = t.node
     keep = ["loss"] + [k for k in train.outputs if k.split(":")[0] in ("param", "state", "buffer")]
-    graphs["train_step"] = _finish(_only(train, keep))
+    graphs["train_step"] = _only(train, keep)
     return program
 
 
@@ -449,8 +451,11 @@ def _trainable(model: Module, optimizer: Optimizer | None) -> list[str]:
 
 
 def _only(graph: Graph, names: list[str]) -> Graph:
+    """A new graph computing only the outputs `names` of `graph`, pruned and validated."""
     g = graph.copy()
     g.outputs = {k: graph.outputs[k] for k in names}
+    g.prune_in_place()  # the copy is ours: no second copy to prune
+    g.validate()
     return g
 
 

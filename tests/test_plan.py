@@ -404,6 +404,51 @@ def test_codegen_time_grows_about_linearly() -> None:
     assert sixteen / one < 16 * 3, (one, sixteen)
 
 
+class _LastStep(nn.Module):
+    """An LSTM over the sequence, then a linear layer on the last step's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 8, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: Any) -> Any:
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1])
+
+
+def _lstm_compile_seconds(steps: int) -> float:
+    """Best of 3 process times of compiling and lowering an LSTM unrolled over `steps` steps
+    (trace, autodiff, Adam, then every pass and the shaders of all entry points)."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        model, loss, opt = _LastStep(), nn.CrossEntropyLoss(), optim.Adam(lr=1e-3)
+        prog = _program(model, {"x": (2, steps, 4)}, loss=loss, opt=opt)
+        build_bundle(prog)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def test_lstm_compile_time_grows_about_linearly_with_steps() -> None:
+    """4 times the steps of a recurrence cost less than 4 times the compile time (fixed costs
+    make linear growth cost less; anything quadratic in the graph, such as a copy of every
+    layout per kernel, a scan of every step per value, or garbage collections that rescan the
+    whole graph as it grows, costs more). Best of 3, so a loaded machine only adds noise."""
+    t25, t50, t100 = (_lstm_compile_seconds(n) for n in (25, 50, 100))
+    assert t100 / t25 < 4, (t25, t50, t100)
+
+
+def test_graph_passes_that_change_nothing_return_their_input() -> None:
+    """An MLP's predict graph has no views to fold, no long reductions, no concats and no states:
+    the graph passes hand on the very graph they were given (no copies)."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    plans = _plans(_program(model, {"x": (2, 4)}), "predict")
+    graphs = [plans[name].graph for name in ("pushdown", "fold_views", "split_reductions", "split_wide")]
+    assert all(g is graphs[0] for g in graphs), [id(g) for g in graphs]
+    assert plans["isolate_states"].graph is graphs[0]
+
+
 def test_graph_passes_rewrite_a_new_graph() -> None:
     """split_wide narrows ``out[:, -1]`` of the stacked LSTM outputs to the last step (the
     concat disappears); isolate_states gives every written-back state a node of its own."""

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 
 import glcomp
 from glcomp import nn, optim
 from glcomp.codegen.bundle import build_bundle
 from glcomp.codegen.programs import canonical
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "char_gpt.py"
 
 
 class _LastStep(nn.Module):
@@ -101,3 +107,66 @@ def test_kernels_of_different_model_parts_share_programs(gl_runtime) -> None:
         np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=1e-5, atol=1e-6)
         for _ in range(3):
             np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=1e-5)
+
+
+class _AttentionHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 4), nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, x):
+        weights = glcomp.softmax(self.q(x) @ self.k(x).transpose(-2, -1), dim=-1)
+        return weights @ self.v(x)
+
+
+class _Attention(nn.Module):
+    """Two attention heads, concatenated and projected, with a residual: kernels repeat per head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList([_AttentionHead(), _AttentionHead()])
+        self.proj = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = x + self.proj(glcomp.cat([h(x) for h in self.heads], dim=-1))
+        return self.out(x).sum(1)
+
+
+def test_kernels_lowered_once_equal_their_own_rendering(monkeypatch: Any) -> None:
+    """Kernels that differ from an earlier one only in node ids (steps, heads, entry points) take
+    its lowered shader from the cache: each equals what rendering the kernel itself gives."""
+    from glcomp.codegen import render_cache
+
+    lower = render_cache.RenderCache.lower
+    caches: dict[int, Any] = {}
+    checked = []
+
+    def checked_lower(self: Any, renderer: Any, plan: Any, kernel: Any, hypers: Any) -> Any:
+        got = lower(self, renderer, plan, kernel, hypers)
+        fresh = render_cache.Lowered.of(renderer.render(kernel, hypers))
+        assert got == fresh, kernel.name
+        caches[id(self)] = self
+        checked.append(kernel.name)
+        return got
+
+    monkeypatch.setattr(render_cache.RenderCache, "lower", checked_lower)
+    for model, shape in ((_LastStep(), (2, 6, 3)), (_Attention(), (2, 5, 8))):
+        for target in ("webgl2", "webgl1"):
+            glcomp.manual_seed(0)
+            opt = optim.Adam(lr=1e-3)
+            build_bundle(glcomp.compile(model, {"x": shape}, nn.CrossEntropyLoss(), opt, target=target))
+    # The character GPT example, tiny: its attention output projection is an epilogue kernel whose
+    # vec4 cache names a node id that canonical() keeps, and whose ids differ between entry points.
+    gpt = ModuleType("char_gpt_tiny")
+    gpt.__file__ = str(EXAMPLE)
+    exec(compile(EXAMPLE.read_text(encoding="utf-8"), str(EXAMPLE), "exec"), gpt.__dict__)
+    gpt.__dict__.update(batch_size=2, block_size=8, n_embd=16, n_head=2, n_layer=1, dropout=0.0)
+    glcomp.manual_seed(0)
+    model = gpt.GPTLanguageModel()
+    spec = {"shape": (2, 8), "dtype": "int32", "num_classes": gpt.vocab_size}
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    prog = glcomp.compile(model, {"idx": (2, 8)}, "forward", opt, target_name="targets", target_spec=spec)
+    build_bundle(prog)
+    rendered = sum(len(entries) for cache in caches.values() for entries in cache.lowered.values())
+    assert rendered < 0.75 * len(checked), (len(checked), rendered)  # many came from the cache

@@ -22,12 +22,14 @@ from glcomp.codegen.options import PASSES as OPTION_PASSES
 from glcomp.codegen.options import STORAGE, CompileOptions
 from glcomp.codegen.pipeline import check_pass_name, run_pipeline
 from glcomp.codegen.plan import Kernel
-from glcomp.codegen.programs import canonical, merge_origins, sharing_key
+from glcomp.codegen.programs import merge_origins, sharing_key
 from glcomp.codegen.render import KernelRenderer, vertex_shader
+from glcomp.codegen.render_cache import Lowered, RenderCache
 from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
 from glcomp.codegen.target import Target
 from glcomp.codegen.tiled import render_tiled
 from glcomp.errors import GlcompError
+from glcomp.ir.gcpause import gc_paused
 from glcomp.program import ENTRY_POINTS, Program
 
 FORMAT = "glcomp-bundle"
@@ -150,6 +152,11 @@ def build_bundle(program: Program, dump_after: str | None = None, check: bool = 
     glcomp.codegen.pipeline.PIPELINE. `dump_after` names a pass: the kernel plan of each entry
     point is printed after it (GlcompError listing the passes for an unknown name). With
     `check`, glcomp.codegen.kernel_plan.check_plan checks the plan after every pass."""
+    with gc_paused():  # see glcomp.ir.gcpause
+        return _build_bundle(program, dump_after, check)
+
+
+def _build_bundle(program: Program, dump_after: str | None, check: bool) -> Bundle:
     check_pass_name(dump_after)
     options = options_of(program)
     target = options.make_target()
@@ -158,6 +165,7 @@ def build_bundle(program: Program, dump_after: str | None = None, check: bool = 
     programs: dict[str, dict[str, Any]] = {}
     shaders: dict[str, str] = {"quad.vert": vertex_shader(target)}
     by_source: dict[str, str] = {}
+    cache = RenderCache()
 
     # Persistent state: parameters, float buffers and optimizer state, two texture sets each
     # (ping-pong: an update reads one set and writes the other).
@@ -180,7 +188,7 @@ def build_bundle(program: Program, dump_after: str | None = None, check: bool = 
     for entry in ENTRY_POINTS:
         if entry in program.graphs:
             plan = run_pipeline(entry_plan(program, entry), dump_after, check)
-            entries[entry] = _emit_entry(plan, pool, programs, shaders, by_source)
+            entries[entry] = _emit_entry(plan, pool, programs, shaders, by_source, cache)
 
     # Only textures some draw, input or output names: loaders refuse a bundle declaring others
     # (a pool texture can lose its last use when draws are merged into blended ones).
@@ -231,9 +239,12 @@ def _emit_entry(
     programs: dict[str, Any],
     shaders: dict[str, str],
     by_source: dict[str, str],
+    cache: RenderCache | None = None,
 ) -> dict[str, Any]:
     """An entry point's manifest record from its final plan: textures named from the shared
-    `pool`, each kernel rendered (programs shared by identical sources), its draws listed."""
+    `pool`, each kernel rendered (programs shared by identical sources; kernels that differ from
+    one lowered before only in node ids are rendered once, through `cache`), its draws listed."""
+    cache = cache or RenderCache()
     graph, layouts = plan.graph, plan.layouts
     hypers = plan.hypers()
     renderer = KernelRenderer(graph, dict(layouts), plan.target)
@@ -252,10 +263,14 @@ def _emit_entry(
     for kernel in plan.kernels:
         t = plan.tilings.get(kernel.name)
         if t is None:
-            parts = [(renderer.render(kernel, hypers), plan.written(kernel), layouts[kernel.roots[0]])]
+            lowered = cache.lower(renderer, plan, kernel, hypers)
+            parts = [(lowered, plan.written(kernel), layouts[kernel.roots[0]])]
         else:  # a register-blocked draw into tiles, then a gather draw (glcomp.codegen.tiled)
             block, gather = render_tiled(t, kernel, dict(layouts), plan.target)
-            parts = [(block, t.tiles, t.tile_layout(size)), (gather, plan.written(kernel), layouts[t.node])]
+            parts = [
+                (Lowered.of(block), t.tiles, t.tile_layout(size)),
+                (Lowered.of(gather), plan.written(kernel), layouts[t.node]),
+            ]
         draws += _draws(kernel, parts, ref, plan.blended, programs, shaders, by_source)
     return {
         "inputs": {name: [ref(n, p) for p in range(layouts[n].pages)] for name, n in plan.data_in().items()},
@@ -277,20 +292,19 @@ def load_bundle(directory: str | Path) -> Bundle:
 
 def _draws(
     kernel: Kernel,
-    parts: list[tuple[Any, list[int], Layout]],
+    parts: list[tuple[Lowered, list[int], Layout]],
     ref: Any,
     blended: frozenset[str],
     programs: dict[str, Any],
     shaders: dict[str, str],
     by_source: dict[str, str],
 ) -> list[dict[str, Any]]:
-    """The draws of one kernel: for each (rendered shader, values written, footprint) part, its
+    """The draws of one kernel: for each (lowered shader, values written, footprint) part, its
     program (shared with any kernel of the same canonical source) drawn once per page."""
     draws = []
     for rendered, targets, out in parts:
         # Kernels that differ only in node ids (each step of a recurrence) share one program.
-        source, renamed, offsets = canonical(rendered.source)
-        samplers = [(renamed.get(s, s), n, p) for s, n, p in rendered.samplers]
+        source, samplers, offsets = rendered.source, rendered.samplers, rendered.offsets
         digest = hashlib.sha256(sharing_key(source).encode()).hexdigest()[:16]
         if digest in by_source:  # shared: the program's shader also names this kernel's origins
             fragment = f"{by_source[digest]}.frag"

@@ -76,8 +76,9 @@ def assign_slots(
         return size, used[size] - 1
 
     first_reads = [v for _, reads in steps for v in reads if v in sizes]
+    written = {v for writes, _ in steps for v in writes}
     for v in dict.fromkeys(first_reads):  # uploaded inputs, allocated up front
-        if v not in slots and not any(v in w for w, _ in steps):
+        if v not in slots and v not in written:
             slots[v] = [take(s) for s in sizes[v]]
     for i, (writes, reads) in enumerate(steps):
         for v in writes:

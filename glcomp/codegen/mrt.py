@@ -11,7 +11,7 @@ a framebuffer must have one size (WebGL 2), so the group's values get a common f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from glcomp.codegen import cost as cost_model
 from glcomp.codegen.layout import Layout, layout_for
@@ -54,6 +54,7 @@ def mrt_fusion(
     resized: dict[int, Layout] = {}
     out: list[Kernel] = []
     producer: dict[int, int] = {}  # stored value -> index in `out` of the kernel writing it
+    loops = _Loops(graph)
     for k in kernels:
         # The earliest group k may join: after every kernel that produces what k reads.
         ready = max((producer[leaf] for leaf in k.leaves if leaf in producer), default=-1)
@@ -62,7 +63,7 @@ def mrt_fusion(
         # inline (elementwise roots only) or refuses.
         lowest = max(ready, len(out) - LOOKBACK, 0)
         for j in range(len(out) - 1, lowest - 1, -1):
-            tried = _try_merge(out[j], k, graph, layouts, target, fixed)
+            tried = _try_merge(out[j], k, graph, layouts, target, fixed, loops)
             if tried is not None:
                 out[j], changed = tried
                 layouts.update(changed)
@@ -77,12 +78,33 @@ def mrt_fusion(
     return out, resized
 
 
-def root_cost(graph: Graph, n: int) -> int:
+class _Loops:
+    """`fragment_iterations` of the (final) graph, remembered per root, leaf set and limit: MRT
+    asks the same question of each kernel for every group it might join. A kernel's count is
+    the sum of its roots' counts (each root's calls are counted independently)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.memo: dict[tuple[int, frozenset[int], int], int] = {}
+
+    def __call__(self, roots: list[int], leaves: Collection[int], limit: int) -> int:
+        frozen = frozenset(leaves)
+        total = 0
+        for r in roots:
+            key = (r, frozen, limit)
+            if key not in self.memo:
+                self.memo[key] = fragment_iterations(self.graph, [r], set(frozen), limit)
+            total += self.memo[key]
+        return total
+
+
+def root_cost(graph: Graph, n: int, loops: _Loops | None = None) -> int:
     """Shader work per output element of root `n`: its loop length (1 for elementwise roots),
     from the renderer's loop model, the one the loop budget uses too."""
     if _fusible_root(graph, n):
         return 1
-    return max(1, fragment_iterations(graph, [n], set(graph.operands(n)), 1 << 30) // 4)
+    loops = loops or _Loops(graph)
+    return max(1, loops([n], graph.operands(n), 1 << 30) // 4)
 
 
 def _pays(
@@ -110,14 +132,20 @@ def _has_fused_loop(graph: Graph, k: Kernel) -> bool:
     return any(not _fusible_root(graph, n) for n in k.body)
 
 
-def _root_work(graph: Graph, r: int, leaves: set[int], limit: int) -> int:
+def _root_work(graph: Graph, r: int, leaves: set[int], limit: int, loops: _Loops) -> int:
     """Work per output element of root `r` in a kernel reading `leaves`: its own loop, or the
     loops fused into it (an epilogue root is elementwise but runs its loop operand's loop)."""
-    return max(root_cost(graph, r), fragment_iterations(graph, [r], leaves, limit) // 4)
+    return max(root_cost(graph, r, loops), loops([r], leaves, limit) // 4)
 
 
 def _try_merge(
-    g: Kernel, k: Kernel, graph: Graph, layouts: Mapping[int, Layout], target: Target, fixed: set[int]
+    g: Kernel,
+    k: Kernel,
+    graph: Graph,
+    layouts: Mapping[int, Layout],
+    target: Target,
+    fixed: set[int],
+    loops: _Loops,
 ) -> tuple[Kernel, dict[int, Layout]] | None:
     """The kernel writing the roots of `g` and then `k` from one draw, with the new layouts of
     the roots it resizes to a common footprint, or None when the merge is not allowed or does
@@ -138,7 +166,7 @@ def _try_merge(
     reads_group = [leaf for leaf in k.leaves if leaf in g.roots]
     if reads_group and not all(_fusible_root(graph, r) for r in reads_group):
         return None  # a loop kernel's result cannot be recomputed inline cheaply
-    if any(fragment_iterations(graph, [r], set(g.leaves), limit) for r in reads_group):
+    if any(loops([r], g.leaves, limit) for r in reads_group):
         return None  # nor can an epilogue root, which runs a loop per element
     shared = set(g.leaves) & set(k.leaves)
     if not shared and not reads_group:
@@ -147,11 +175,11 @@ def _try_merge(
     samplers = sum(layouts[n].pages for n in leaves if graph.attrs(n).get("role") != "hyper")
     if samplers > target.max_texture_units:
         return None
-    if fragment_iterations(graph, roots, set(leaves), limit) > FRAGMENT_LOOP_BUDGET:
+    if loops(roots, leaves, limit) > FRAGMENT_LOOP_BUDGET:
         return None  # past the loop limiter of software rasterizers: keep the loops in their own draws
     width = max(layouts[r].width for r in roots)
     height = max(layouts[r].height for r in roots)
-    cost = {r: _root_work(graph, r, set(leaves), limit) for r in roots}
+    cost = {r: _root_work(graph, r, set(leaves), limit, loops) for r in roots}
     if not _pays(graph, layouts, g.roots, k.roots, width * height, target, cost):
         return None
     if any((layouts[r].width, layouts[r].height) != (width, height) for r in roots if r in fixed):

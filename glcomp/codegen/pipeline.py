@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from glcomp.codegen import plan as kernels_of
 from glcomp.codegen.blend import blend_accumulation
 from glcomp.codegen.kernel_plan import KernelPlan, check_plan
-from glcomp.codegen.layout import layout_for
+from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.memplan import assign_slots
 from glcomp.codegen.mrt import mrt_fusion
 from glcomp.codegen.options import PASSES
@@ -75,8 +75,13 @@ def split_wide(plan: KernelPlan) -> KernelPlan:
 
 def isolate_states(plan: KernelPlan) -> KernelPlan:
     """Give every written-back state a node of its own: a state's new texture must not be an
-    input texture or shared with another output (identity copies are inserted where needed)."""
-    g = plan.graph.copy()
+    input texture or shared with another output (identity copies are inserted where needed).
+    A plan whose states are isolated already is returned as it is."""
+    g = plan.graph
+    states = [n for key, n in g.outputs.items() if key.partition(":")[0] in ("param", "buffer", "state")]
+    if len(set(states)) == len(states) and not any(get_op(g.op(n)).feed for n in states):
+        return plan
+    g = g.copy()
     seen: set[int] = set()
     for key, n in list(g.outputs.items()):
         if key.partition(":")[0] not in ("param", "buffer", "state"):
@@ -92,10 +97,15 @@ def layout(plan: KernelPlan) -> KernelPlan:
     node's texture layout, computed once."""
     g, size = plan.graph, plan.target.max_texture_size
     order = g.topo()
+    by_shape: dict[tuple[int, ...], Layout] = {}  # layouts are values: one per distinct shape
+    layouts = {}
+    for n in g.nodes():
+        shape = g.shape(n)
+        if shape not in by_shape:
+            by_shape[shape] = layout_for(shape, size)
+        layouts[n] = by_shape[shape]
     return plan.replace(
-        order=tuple(order),
-        operands={n: tuple(g.operands(n)) for n in order},
-        layouts={n: layout_for(g.shape(n), size) for n in g.nodes()},
+        order=tuple(order), operands={n: tuple(g.operands(n)) for n in order}, layouts=layouts
     )
 
 
@@ -164,7 +174,8 @@ def tiling(plan: KernelPlan) -> KernelPlan:
         return plan
     keep = set(plan.blended)
     kernels, products = split_epilogues(list(plan.kernels), plan.graph, dict(plan.layouts), plan.target, keep)
-    chosen = {k.name: choose_tiling(plan.graph, k, dict(plan.layouts), plan.target) for k in kernels}
+    layouts = dict(plan.layouts)  # one copy for all kernels: choose_tiling only reads it
+    chosen = {k.name: choose_tiling(plan.graph, k, layouts, plan.target) for k in kernels}
     tilings = {name: t for name, t in chosen.items() if t is not None and name not in keep}
     if not tilings:
         return plan

@@ -16,6 +16,7 @@ draw, so the steps of a recurrence share a program.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
 _ORIGIN = "// from "
@@ -27,6 +28,13 @@ _DECLARATIONS = "uniform int u_page_offset;\n"
 MAX_OFFSET = 1 << 24  # integer uniforms must stay exact in highp int and in JSON numbers
 # Helper functions of the shared prelude (glc_*, imod, iclamp): kept only where called.
 _HELPER = re.compile(r"^(?:void|float|int|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE)
+_CALL = re.compile(r"\b(\w+)\(")  # a call (or a definition) of any function: its whole name
+
+
+@lru_cache(maxsize=1024)
+def _called(text: str) -> frozenset[str]:
+    """The names of the functions `text` calls (or defines); helper texts repeat in every shader."""
+    return frozenset(_CALL.findall(text))
 
 
 def drop_unused_helpers(source: str) -> str:
@@ -38,10 +46,11 @@ def drop_unused_helpers(source: str) -> str:
     the shader's length."""
     lines = source.split("\n")
     spans: list[tuple[str, int, int]] = []  # (helper, first line incl. its comments, last line)
-    for i, line in enumerate(lines):
-        m = _HELPER.match(line)
-        if not m:
-            continue
+    i, at = 0, 0  # line number of character offset `at`
+    for m in _HELPER.finditer(source):  # helper definitions start lines
+        i += source.count("\n", at, m.start())
+        at = m.start()
+        line = lines[i]
         end = i
         if line.count("{") != line.count("}"):
             while end + 1 < len(lines) and lines[end] != "}":
@@ -52,23 +61,36 @@ def drop_unused_helpers(source: str) -> str:
         spans.append((m.group(1), start, end))
     if not spans:
         return source
-    in_span = set().union(*(range(a, b + 1) for _, a, b in spans))
-    calls = re.compile(r"\b(" + "|".join(sorted({re.escape(n) for n, _, _ in spans})) + r")\(")
-    # Helpers reachable from the rest of the shader through calls, helper to helper.
-    outside = "\n".join(line for k, line in enumerate(lines) if k not in in_span)
+    names = {n for n, _, _ in spans}
+    # Helpers reachable from the rest of the shader through calls, helper to helper (a name
+    # followed by "(" is a call of that helper exactly when the whole word is the name).
+    outside = "\n".join(_without(lines, [(a, b) for _, a, b in spans]))
     callees: dict[str, set[str]] = {}
     for name, a, b in spans:
         own = "\n".join(lines[a : b + 1])
-        callees.setdefault(name, set()).update(c for c in calls.findall(own) if c != name)
-    reached, todo = set(), list(set(calls.findall(outside)))
+        callees.setdefault(name, set()).update(c for c in _called(own) & names if c != name)
+    reached, todo = set(), sorted(set(_CALL.findall(outside)) & names)
     while todo:
         name = todo.pop()
         if name not in reached:
             reached.add(name)
             todo.extend(callees.get(name, ()))
-    removed = {n for n, _, _ in spans} - reached
-    drop = {k for n, a, b in spans if n in removed for k in range(a, b + 1)}
-    return "\n".join(line for k, line in enumerate(lines) if k not in drop)
+    removed = names - reached
+    if not removed:
+        return source
+    return "\n".join(_without(lines, [(a, b) for n, a, b in spans if n in removed]))
+
+
+def _without(lines: list[str], spans: list[tuple[int, int]]) -> list[str]:
+    """`lines` without those in the inclusive ranges `spans` (in increasing order of start)."""
+    kept: list[str] = []
+    at = 0
+    for a, b in spans:
+        if a > at:
+            kept += lines[at:a]
+        at = max(at, b + 1)
+    kept += lines[at:]
+    return kept
 
 
 def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:

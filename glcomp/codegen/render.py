@@ -113,6 +113,7 @@ def environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,  # a template asking for a missing value is a bug
         trim_blocks=False,
         keep_trailing_newline=True,
+        auto_reload=False,  # templates do not change while a process runs: no stat per render
     )
 
 

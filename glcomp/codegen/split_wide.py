@@ -60,9 +60,9 @@ class _Pages:
         return sum(self(o) for o in set(operands))
 
 
-def _narrowed(graph: Graph, n: int) -> int | None:
-    """slice(concat(...)) rewritten to read only the concat operands the slice overlaps (a new
-    node, not yet read by anything), or None where the slice needs every operand."""
+def _pieces(graph: Graph, n: int) -> list[tuple[int, int, int]] | None:
+    """The concat operands slice `n` overlaps, as (operand, start, stop) along the concat axis,
+    when `n` slices a concat and needs only some of its operands; else None."""
     (src,) = graph.operands(n)
     if graph.op(src) != "concat":
         return None
@@ -78,6 +78,18 @@ def _narrowed(graph: Graph, n: int) -> int | None:
         at += size
     if not pieces or len(pieces) == len(graph.operands(src)):
         return None  # an empty slice, or one that reads every operand
+    return pieces
+
+
+def _narrowed(graph: Graph, n: int) -> int | None:
+    """slice(concat(...)) rewritten to read only the concat operands the slice overlaps (a new
+    node, not yet read by anything), or None where the slice needs every operand."""
+    pieces = _pieces(graph, n)
+    if pieces is None:
+        return None
+    (src,) = graph.operands(n)
+    axis = graph.attrs(src)["axis"]
+    starts, stops = graph.attrs(n)["starts"], graph.attrs(n)["stops"]
     with origin(graph.node(n)["origin"]):
         parts = []
         for x, a, b in pieces:
@@ -137,11 +149,18 @@ def split_wide(graph: Graph, target: Target) -> Graph:
 
     Requires a valid graph; the result computes the same outputs with the same values. Raises
     GlcompError naming the node where a single operand (a tensor split into more pages than the
-    target has units) or a pair of operands of a fixed-arity op cannot fit.
+    target has units) or a pair of operands of a fixed-arity op cannot fit. A graph with
+    nothing to rewrite is returned as it is (not copied).
     """
-    g = graph.copy()
     limit = target.max_texture_units
-    pages = _Pages(g, target)
+    pages = _Pages(graph, target)
+    if not any(
+        (graph.op(n) == "slice" and _pieces(graph, n) is not None) or pages.reads(graph.operands(n)) > limit
+        for n in graph.g
+    ):
+        return graph
+    g = graph.copy()
+    pages.graph = g  # the copy has the same nodes: what was counted stays valid
     for n in g.topo():
         if n in g.g and g.op(n) == "slice":  # not removed as dead by an earlier rewrite
             new = _narrowed(g, n)

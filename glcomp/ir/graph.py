@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import heapq
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -92,36 +93,68 @@ class Graph:
 
     # -- queries ------------------------------------------------------------------------------
     def node(self, n: int) -> dict[str, Any]:
-        return self.g.nodes[n]
+        return self.g._node[n]
 
     def op(self, n: int) -> str:
-        return self.g.nodes[n]["op"]
+        return self.g._node[n]["op"]
 
     def shape(self, n: int) -> tuple[int, ...]:
-        return self.g.nodes[n]["shape"]
+        return self.g._node[n]["shape"]
 
     def attrs(self, n: int) -> dict[str, Any]:
-        return self.g.nodes[n]["attrs"]
+        return self.g._node[n]["attrs"]
 
     def operands(self, n: int) -> list[int]:
-        edges = sorted(self.g.in_edges(n, data="index"), key=lambda e: e[2])
-        return [src for src, _, _ in edges]
+        """The nodes `n` reads, in operand order (by the ``index`` of its in-edges)."""
+        pairs = [(data["index"], src) for src, keys in self.g._pred[n].items() for data in keys.values()]
+        if len(pairs) > 1:
+            pairs.sort(key=_first)  # stable: ties keep the in-edge order
+        return [src for _, src in pairs]
 
     def users(self, n: int) -> list[int]:
-        return sorted({dst for _, dst in self.g.out_edges(n)})
+        return sorted(self.g._succ[n])
 
     def topo(self) -> list[int]:
-        """Nodes in a deterministic topological order (ties broken by node id)."""
-        return list(nx.lexicographical_topological_sort(self.g))
+        """Nodes in a deterministic topological order (ties broken by node id): the order
+        ``networkx.lexicographical_topological_sort`` gives. Raises GlcompError on a cycle."""
+        succ, pred = self.g._succ, self.g._pred
+        nodes = sorted(succ)
+        if all(u < v for u, users in succ.items() for v in users):
+            return nodes  # every edge runs from an older node to a newer one: creation order is topological
+        waiting = {v: len(pred[v]) for v in nodes}
+        ready = [v for v in nodes if not waiting[v]]  # sorted, so already a heap
+        order: list[int] = []
+        while ready:
+            u = heapq.heappop(ready)
+            order.append(u)
+            for v in succ[u]:
+                waiting[v] -= 1
+                if not waiting[v]:
+                    heapq.heappush(ready, v)
+        if len(order) != len(nodes):
+            raise GlcompError("graph has a cycle")
+        return order
 
     def nodes(self) -> list[int]:
         return sorted(self.g.nodes)
 
     def copy(self) -> Graph:
+        """An independent copy: the same nodes, edges (keys included) and attributes, in the same
+        iteration order as ``networkx.MultiDiGraph.copy`` gives; node data and attrs dicts and
+        edge data dicts are new, so edits to the copy stay local."""
+        old = self.g
+        g = nx.MultiDiGraph()
+        g.graph.update(old.graph)
+        nodes = {n: {**data, "attrs": dict(data["attrs"])} for n, data in old._node.items()}
+        succ: dict[int, dict[int, dict[Any, dict[str, Any]]]] = {n: {} for n in nodes}
+        pred: dict[int, dict[int, dict[Any, dict[str, Any]]]] = {n: {} for n in nodes}
+        for u, users in old._succ.items():
+            out = succ[u]
+            for v, keys in users.items():
+                out[v] = pred[v][u] = {key: data.copy() for key, data in keys.items()}
+        g._node, g._adj, g._succ, g._pred = nodes, succ, succ, pred
         new = Graph()
-        new.g = self.g.copy()
-        for _, data in new.g.nodes(data=True):  # attrs dicts too, so edits to a copy stay local
-            data["attrs"] = dict(data["attrs"])
+        new.g = g
         new.inputs = dict(self.inputs)
         new.outputs = dict(self.outputs)
         new._next = self._next
@@ -138,14 +171,30 @@ class Graph:
             if n == old:
                 self.outputs[name] = new
 
+    def live(self) -> set[int]:
+        """The nodes some output depends on, and every input."""
+        keep: set[int] = set(self.inputs.values())
+        pred = self.g._pred
+        stack = [n for n in self.outputs.values() if n not in keep]
+        keep.update(stack)
+        while stack:  # every ancestor of an output, in one walk
+            for src in pred[stack.pop()]:
+                if src not in keep:
+                    keep.add(src)
+                    stack.append(src)
+        return keep
+
     def prune(self) -> Graph:
         """Return a copy without nodes that no output depends on (inputs are always kept)."""
-        keep: set[int] = set(self.inputs.values())
-        for out in self.outputs.values():
-            keep |= nx.ancestors(self.g, out) | {out}
         new = self.copy()
-        new.g.remove_nodes_from([n for n in self.g.nodes if n not in keep])
+        new.prune_in_place()
         return new
+
+    def prune_in_place(self) -> None:
+        """Remove the nodes no output depends on (inputs are always kept), in place."""
+        keep = self.live()
+        if len(keep) != len(self.g):
+            self.g.remove_nodes_from([n for n in self.g.nodes if n not in keep])
 
     def validate(self) -> None:
         """Check the written contract of a well-formed graph; raise GlcompError if broken.
@@ -156,15 +205,14 @@ class Graph:
         """
         from glcomp.ir.printer import format_node
 
-        if not nx.is_directed_acyclic_graph(self.g):
-            raise GlcompError("graph has a cycle")
-        for n in self.g.nodes:
-            data = self.g.nodes[n]
+        self.topo()  # GlcompError("graph has a cycle") unless acyclic
+        pred = self.g._pred
+        for n, data in self.g._node.items():
             try:
                 rule = get_op(data["op"])
             except KeyError:
                 raise GlcompError(f"unregistered op {data['op']!r} at node %{n}") from None
-            idx = sorted(i for _, _, i in self.g.in_edges(n, data="index"))
+            idx = sorted(e["index"] for keys in pred[n].values() for e in keys.values())
             if idx != list(range(len(idx))):
                 raise GlcompError(f"bad operand indices {idx} at {format_node(self, n)}")
             if rule.arity is not None and len(idx) != rule.arity:
@@ -293,6 +341,10 @@ class Graph:
         except Exception as err:  # a shape rule fed hostile attributes may fail in any way
             raise GlcompError(f"{where}: {err}") from None
         return g
+
+
+def _first(pair: tuple[int, int]) -> int:
+    return pair[0]
 
 
 def _is_int(v: Any) -> bool:

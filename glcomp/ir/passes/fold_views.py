@@ -15,6 +15,18 @@ from __future__ import annotations
 from glcomp.ir.graph import Graph, origin
 
 
+def _foldable(graph: Graph, n: int) -> bool:
+    """Whether `_fold` rewrites `n` (without changing the graph)."""
+    op = graph.op(n)
+    if op not in ("permute", "reshape"):
+        return False
+    (src,) = graph.operands(n)
+    if op == "permute":
+        perm = tuple(graph.attrs(n)["perm"])
+        return perm == tuple(range(len(perm))) or graph.op(src) == "permute"
+    return tuple(graph.attrs(n)["shape"]) == graph.shape(src) or graph.op(src) == "reshape"
+
+
 def _fold(graph: Graph, n: int) -> int | None:
     op = graph.op(n)
     if op not in ("permute", "reshape"):
@@ -50,8 +62,11 @@ def fold_views(graph: Graph) -> Graph:
     reshape is the identity (graph outputs keep their own node only if it is not such a view).
 
     Requires a valid graph; the result computes exactly the same outputs (views move values, they
-    never change them) and is pruned of the views it bypassed.
+    never change them) and is pruned of the views it bypassed. A graph with nothing to fold or
+    prune is returned as it is (not copied).
     """
+    if not any(_foldable(graph, n) for n in graph.g) and len(graph.live()) == len(graph.g):
+        return graph
     g = graph.copy()
     changed = True
     while changed:
@@ -64,4 +79,5 @@ def fold_views(graph: Graph) -> Graph:
             if new is not None and new != n:
                 g.replace_uses(n, new)
                 changed = True
-    return g.prune()
+    g.prune_in_place()
+    return g

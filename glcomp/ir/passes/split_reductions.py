@@ -33,25 +33,39 @@ def _stages(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[tuple[int, .
     return None if best is None else (best[1], best[2])
 
 
-def _split(graph: Graph, n: int) -> int | None:
-    op, (x,) = graph.op(n), graph.operands(n)
+def _plan(graph: Graph, n: int) -> tuple[tuple[int, ...], tuple[int, ...]] | tuple[int, int] | None:
+    """How `_split` splits reduction `n` (without changing the graph): the (first, second)
+    stage axes, or (axis, factor) for a single axis split through a reshape; None to keep it."""
+    (x,) = graph.operands(n)
     shape, axes = graph.shape(x), tuple(graph.attrs(n)["axes"])
     extent = math.prod(shape[a] for a in axes)
     if extent < LONG or math.prod(graph.shape(n)) > FEW:
         return None
     stages = _stages(shape, axes)
+    if stages is not None:
+        return stages
+    (a,) = axes
+    if a == len(shape) - 1:
+        return None  # splitting the packed axis would make the first stage read per element
+    p = 1 << (max(0, (shape[a] - 1).bit_length()) // 2)  # about sqrt(L), a power of two
+    while shape[a] % p:
+        p //= 2
+    if p < 2:
+        return None
+    return a, p
+
+
+def _split(graph: Graph, n: int) -> int | None:
+    plan = _plan(graph, n)
+    if plan is None:
+        return None
+    op, (x,) = graph.op(n), graph.operands(n)
+    shape = graph.shape(x)
     with origin(graph.node(n)["origin"]):
-        if stages is not None:
-            inner, outer = stages
+        if isinstance(plan[0], tuple):
+            inner, outer = plan
             return graph.add(op, [graph.add(op, [x], axes=inner)], axes=outer)
-        (a,) = axes
-        if a == len(shape) - 1:
-            return None  # splitting the packed axis would make the first stage read per element
-        p = 1 << (max(0, (shape[a] - 1).bit_length()) // 2)  # about sqrt(L), a power of two
-        while shape[a] % p:
-            p //= 2
-        if p < 2:
-            return None
+        a, p = plan
         split = (*shape[:a], p, shape[a] // p, *shape[a + 1 :])
         y = graph.add(op, [graph.add(op, [graph.add("reshape", [x], shape=split)], axes=(a + 1,))], axes=(a,))
         return graph.add("reshape", [y], shape=graph.shape(n))
@@ -62,12 +76,17 @@ def split_reductions(graph: Graph) -> Graph:
     values when its reduced axes can be split (several axes, or one axis that is not the last).
 
     Requires a valid graph; the result computes the same outputs up to the order of additions
-    (``max`` exactly) and is pruned of the nodes it replaced.
+    (``max`` exactly) and is pruned of the nodes it replaced. A graph with nothing to split or
+    prune is returned as it is (not copied).
     """
+    todo = [n for n in graph.g if graph.op(n) in ("sum", "max") and _plan(graph, n) is not None]
+    if not todo and len(graph.live()) == len(graph.g):
+        return graph
     g = graph.copy()
     for n in g.topo():
         if g.op(n) in ("sum", "max"):
             new = _split(g, n)
             if new is not None:
                 g.replace_uses(n, new)
-    return g.prune()
+    g.prune_in_place()
+    return g

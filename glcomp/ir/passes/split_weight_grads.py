@@ -54,14 +54,20 @@ def _batch_slice(graph: Graph, n: int, start: int, stop: int) -> int:
     return graph.add("slice", [n], starts=(start, *(0,) * (len(shape) - 1)), stops=(stop, *shape[1:]))
 
 
-def _split(graph: Graph, n: int) -> int | None:
+def _count(graph: Graph, n: int) -> int:
+    """How many parts weight gradient `n` is split into (below 2: it is left alone)."""
     x, g = graph.operands(n)
     extent = graph.shape(g)[0] * graph.shape(g)[2] * graph.shape(g)[3]
     if extent < LONG or math.prod(graph.shape(n)) > FEW:
-        return None
-    count = parts(graph.shape(x)[0], extent)
+        return 0
+    return parts(graph.shape(x)[0], extent)
+
+
+def _split(graph: Graph, n: int) -> int | None:
+    count = _count(graph, n)
     if count < 2:
         return None
+    x, g = graph.operands(n)
     attrs = graph.attrs(n)
     terms = []
     with origin(graph.node(n)["origin"]):
@@ -83,14 +89,18 @@ def split_weight_grads(graph: Graph) -> Graph:
 
     Requires a valid graph; the result computes the same outputs up to the order of additions
     and is pruned of the nodes it replaced. Every part carries ``"parallel"``: the replaced id.
+    A graph with nothing to split is returned as it is (not copied).
     """
+    if not any(graph.op(n) == "conv2d_weight_grad" and _count(graph, n) >= 2 for n in graph.g):
+        return graph
     out = graph.copy()
     for n in out.topo():
         if out.op(n) == "conv2d_weight_grad":
             new = _split(out, n)
             if new is not None:
                 out.replace_uses(n, new)
-    return out.prune()
+    out.prune_in_place()
+    return out
 
 
 def parallel_group(graph: Graph, n: int) -> int | None:

@@ -1,0 +1,127 @@
+"""Kernels lowered once per bundle: rendered to GLSL and put in canonical form (programs.canonical)
+once for every group of kernels that differ only in their node ids.
+
+The kernels of an unrolled recurrence repeat with new node ids at every step (and those of
+stacked layers or attention heads at every layer or head), and `predict`, `gradients` and
+`train_step` are planned from graphs that share most of their nodes. Program sharing already
+makes such kernels one program; this cache also renders them once.
+
+A kernel's `shape_key` holds everything its rendering reads, with every node named by its
+place in the kernel (leaves in order, then the fused nodes and elementwise roots in the
+renderer's topological order, then the other roots) instead of its id: the template and
+origins, which places are roots and body, and for every node its op, shape, dtype, attributes,
+origin, operands (places; -1 outside the kernel), texture layout and hyper-parameter name.
+Two kernels with equal keys render to the same text up to a renaming of node ids, so they have
+the same canonical source, offsets and uniforms, and samplers at the same places, except where
+the renderer writes a node id into a name that canonical() does not renumber (such as the
+flat-index variable of a vec4 cache): a kernel is taken from the cache only when its nodes at
+the places whose ids appear in the cached source are the same nodes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from glcomp.codegen.kernel_plan import KernelPlan
+from glcomp.codegen.plan import Kernel
+from glcomp.codegen.programs import canonical
+from glcomp.codegen.render import FUSED_ROOT, KernelRenderer, Rendered
+from glcomp.ir.ops import get_op
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _numbers_in_names(source: str) -> set[int]:
+    """Every number written inside an identifier of `source`."""
+    return {int(d) for d in set(_DIGITS.findall(" ".join(set(_IDENTIFIER.findall(source)))))}
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A kernel's shader in canonical form (programs.canonical) with what a draw of it binds:
+    its samplers as (canonical uniform name, node, page), its hyper-parameter uniforms as
+    (uniform name, hyper-parameter name) and the values of its offset uniforms."""
+
+    source: str
+    samplers: list[tuple[str, int, int]]
+    uniforms: list[tuple[str, str]]
+    offsets: dict[str, int]
+
+    @classmethod
+    def of(cls, rendered: Rendered) -> Lowered:
+        """The canonical form of a rendered shader."""
+        source, renamed, offsets = canonical(rendered.source)
+        samplers = [(renamed.get(s, s), n, p) for s, n, p in rendered.samplers]
+        return cls(source, samplers, list(rendered.uniforms), offsets)
+
+
+def kernel_places(plan: KernelPlan, kernel: Kernel, position: Mapping[int, int]) -> list[int]:
+    """The kernel's nodes in the order of their places: leaves (in order), then the fused nodes
+    and elementwise roots in topological order, then the other roots."""
+    g = plan.graph
+    inline = set(kernel.body) | {r for r in kernel.roots if get_op(g.op(r)).kind in FUSED_ROOT}
+    return [
+        *kernel.leaves,
+        *sorted(inline, key=position.__getitem__),
+        *(r for r in kernel.roots if r not in inline),
+    ]
+
+
+def shape_key(plan: KernelPlan, kernel: Kernel, hypers: Mapping[int, str], places: list[int]) -> Hashable:
+    """What rendering `kernel` depends on, nodes named by place (see the module docstring)."""
+    g, local = plan.graph, {n: i for i, n in enumerate(places)}
+    nodes = []
+    for n in places:
+        data = g.node(n)
+        operands = tuple(local.get(o, -1) for o in plan.operands[n])
+        attrs = tuple(sorted(data["attrs"].items()))
+        layout = plan.layouts.get(n)
+        nodes.append(
+            (data["op"], data["shape"], data["dtype"], attrs, data["origin"], operands, layout, hypers.get(n))
+        )
+    return (
+        kernel.template,
+        tuple(kernel.origins),
+        len(kernel.leaves),
+        tuple(local[r] for r in kernel.roots),
+        tuple(local[b] for b in kernel.body),
+        tuple(nodes),
+    )
+
+
+class RenderCache:
+    """Lowers kernels through a `KernelRenderer`, rendering once per distinct `shape_key` (one
+    cache per bundle: the target is the same for every entry point)."""
+
+    def __init__(self) -> None:
+        # shape key -> [(pinned, source, samplers as (name, place, page), uniforms, offsets)]:
+        # `pinned` holds (place, node) for every place whose node id the source may name
+        self.lowered: dict[Hashable, list[tuple[Any, ...]]] = {}
+        self._plan: KernelPlan | None = None
+        self._position: dict[int, int] = {}
+
+    def lower(
+        self, renderer: KernelRenderer, plan: KernelPlan, kernel: Kernel, hypers: dict[int, str]
+    ) -> Lowered:
+        """``Lowered.of(renderer.render(kernel, hypers))``, from an equal kernel lowered before
+        where there is one."""
+        if self._plan is not plan:
+            self._plan, self._position = plan, {n: i for i, n in enumerate(plan.order)}
+        places = kernel_places(plan, kernel, self._position)
+        entries = self.lowered.setdefault(shape_key(plan, kernel, hypers, places), [])
+        for pinned, source, samplers, uniforms, offsets in entries:
+            if all(places[i] == n for i, n in pinned):
+                return Lowered(
+                    source, [(s, places[i], p) for s, i, p in samplers], list(uniforms), dict(offsets)
+                )
+        lowered = Lowered.of(renderer.render(kernel, hypers))
+        named = _numbers_in_names(lowered.source)
+        pinned = tuple((i, n) for i, n in enumerate(places) if n in named)
+        place = {n: i for i, n in enumerate(places)}
+        samplers = [(s, place[n], p) for s, n, p in lowered.samplers]
+        entries.append((pinned, lowered.source, samplers, list(lowered.uniforms), dict(lowered.offsets)))
+        return lowered
