@@ -2,7 +2,9 @@
 // as variants.json plus one bundle per variant (see glcomp/variants.py). loadVariants probes the
 // device, skips the variants whose requirements it does not meet, loads the first that fits and
 // records on the runtime which variant it chose and why (rt.info().variant).
-import { GlcompError, Runtime, allowedOrigins, fetchFile } from "./glcomp.js";
+import { allowedOrigins, fetchFile } from "./io.js";
+import { Runtime } from "./runtime.js";
+import { GlcompError } from "./util.js";
 
 const NAME_RE = /^[a-z0-9][a-z0-9_-]{0,31}$/;
 const REQUIREMENT_KEYS = ["draw_buffers", "float_blend", "float_textures", "half_float_textures", "highp", "webgl"];
