@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import DIALECTS
 from test_browser import HIDE, _js, browser, site  # noqa: F401  (browser fixtures)
+from test_matmul_tiled import Product, SumLoss, check, force, tiled_shapes  # noqa: F401  (force: a fixture)
 
 from glcomp import optim
 from glcomp.codegen.render import environment
@@ -219,6 +220,20 @@ def test_rgba8_never_blends(models: Any):
     assert any(d["blend"] for d in f32["entries"]["train_step"]["draws"])  # blending fires in f32
     m = case.compile("webgl2", optim.Adam(lr=0.01), passes=passes, storage="rgba8").bundle().manifest
     assert not any(d["blend"] for e in m["entries"].values() for d in e["draws"])
+
+
+def test_rgba8_never_tiles(force: Any, gl_runtime: Any):  # noqa: F811 - the fixture of test_matmul_tiled
+    """Tiled matmul draws write float texels of their own (no byte encoding): with rgba8 storage
+    the tiling pass is off, even where it fires for float32, and the product stays exact."""
+    import glcomp
+
+    force((2, 2))
+    shapes = {"x": (5, 7)}
+    options = dict(loss=SumLoss(), target="webgl2", max_draw_buffers=8)
+    assert tiled_shapes(glcomp.compile(Product(7, 9, "stored"), shapes, **options))  # tiles in f32
+    prog = glcomp.compile(Product(7, 9, "stored"), shapes, storage="rgba8", **options)
+    assert not tiled_shapes(prog)
+    check(prog, gl_runtime, (5, 9))
 
 
 def test_rgba8_bundle_saves_and_resumes(models: Any, gl_runtime: Any, tmp_path: Any):
