@@ -67,6 +67,7 @@ from glcomp.ir.graph import Graph
 from glcomp.ir.tensor import MinMax, Tensor, cat, maximum, minimum, stack, where
 from glcomp.nn.init import manual_seed
 from glcomp.program import Program
+from glcomp.variants import VariantSet, compile_variants, load_variants
 
 __version__ = "0.1.0"
 
@@ -88,6 +89,7 @@ __all__ = [
     "MinMax",
     "Program",
     "Tensor",
+    "VariantSet",
     "abs",
     "arange",
     "argmax",
@@ -97,6 +99,7 @@ __all__ = [
     "clamp",
     "clip",
     "compile",
+    "compile_variants",
     "cuda",
     "device",
     "double",
@@ -110,6 +113,7 @@ __all__ = [
     "int32",
     "int64",
     "load",
+    "load_variants",
     "log",
     "log_softmax",
     "long",

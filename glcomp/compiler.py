@@ -58,8 +58,9 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     inside the train step. Extra `options` are kept for the code generator: target limits
     (max_texture_size, max_draw_buffers, max_texture_units, max_loop_iterations) and
     ``passes={"fusion": ..., "mrt": ..., "memplan": ...}`` to switch passes off, and
-    ``storage="f32"|"f16"``: the texel format of temporary textures (see
-    glcomp.codegen.options.STORAGE; parameters and optimizer state always stay float32).
+    ``storage="f32"|"f16"|"rgba8"``: the texel format of textures (see
+    glcomp.codegen.options.STORAGE; parameters and optimizer state always hold float32: RGBA32F,
+    or their exact bytes in RGBA8 texels with "rgba8").
     Unknown options and ill-typed values raise GlcompError listing the valid ones
     (glcomp.codegen.options.CompileOptions). `dump_after` names a code-generation pass
     (glcomp.codegen.pipeline.PASS_NAMES): the program is then lowered at once and the kernel plan

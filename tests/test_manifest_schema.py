@@ -20,7 +20,7 @@ from glcomp import nn, optim
 from glcomp.codegen.programs import MAX_OFFSET
 from glcomp.codegen.schema import parse_json
 from glcomp.errors import GlcompError
-from glcomp.format import TEXEL_BYTES, VERSIONS, manifest_schema, validate_manifest
+from glcomp.format import DEFAULT_LOOP_BUDGET, TEXEL_BYTES, VERSIONS, manifest_schema, validate_manifest
 from glcomp.format.jsonschema import KEYWORDS, Validator, check_keywords
 from glcomp.format.manifest import js_module
 from glcomp.ir.graph import DTYPES
@@ -108,6 +108,7 @@ def _compiled_manifests() -> dict[str, tuple[dict[str, Any], set[str]]]:
     builds = {
         "mlp sgd": (mlp, {"x": (2, 3)}, dict(optimizer=optim.SGD(lr=0.1, momentum=0.9))),
         "mlp adam f16": (mlp, {"x": (2, 3)}, dict(optimizer=optim.Adam(lr=0.01), storage="f16")),
+        "mlp adam rgba8": (mlp, {"x": (2, 3)}, dict(optimizer=optim.Adam(lr=0.01), storage="rgba8")),
         "mlp webgl1-mobile": (mlp, {"x": (2, 3)}, dict(optimizer=optim.SGD(lr=0.1), target="webgl1-mobile")),
         "cnn batchnorm": (cnn, {"x": (2, 1, 6, 6)}, dict(optimizer=optim.Adam(lr=0.01))),
         "cnn no passes": (
@@ -422,7 +423,53 @@ CORPUS: dict[str, tuple[Callable[[dict[str, Any]], None], bool]] = {
         lambda m: m["textures"][m["entries"]["predict"]["inputs"]["x"][0]].update(format="f16"),
         False,
     ),
+    "one texture rgba8": (lambda m: m["textures"][_half_texture(m)].update(format="rgba8"), False),
+    "state texture rgba8": (
+        lambda m: m["textures"][m["states"][_first(m["states"])]["textures"][0][0]].update(format="rgba8"),
+        False,
+    ),
 }
+
+
+def _loop_budget_share(m: dict[str, Any], fragments_per_texel: int) -> None:
+    """Give the first program the most loop iterations per fragment its largest draw may run
+    within the default loop budget when a texel takes `fragments_per_texel` fragments."""
+    pid = _first(m["programs"])
+    texels = max(
+        d["viewport"][0] * d["viewport"][1]
+        for e in m["entries"].values()
+        for d in e["draws"]
+        if d["program"] == pid
+    )
+    m["programs"][pid]["loop_iterations"] = DEFAULT_LOOP_BUDGET // (texels * fragments_per_texel)
+
+
+def _wide_texture(m: dict[str, Any]) -> None:
+    """Widen a temporary texture (and what refers to it) to half of max_texture_size: within the
+    limit as a record, twice past it as the 4x wider GL texture."""
+    name = next(t for t in m["textures"] if t.startswith("tex"))
+    m["textures"][name]["width"] = m["target"]["max_texture_size"] // 2
+
+
+# The same corpus idea for storage="rgba8" (every texture RGBA8, 4x its record's width).
+RGBA8_CORPUS: dict[str, tuple[Callable[[dict[str, Any]], None], bool]] = {
+    "unchanged": (lambda m: None, True),
+    "one texture f32": (lambda m: next(iter(m["textures"].values())).pop("format"), False),
+    "state texture f16": (
+        lambda m: m["textures"][m["states"][_first(m["states"])]["textures"][0][0]].update(format="f16"),
+        False,
+    ),
+    "input texture f32": (
+        lambda m: m["textures"][m["entries"]["predict"]["inputs"]["x"][0]].pop("format"),
+        False,
+    ),
+    "blended draw": (lambda m: _draw(m).update(blend=True), False),
+    "draw without blend (optional)": (lambda m: _draw(m).pop("blend"), True),
+    "texture 4x wider than max_texture_size": (_wide_texture, False),
+    "loop budget with 4 fragments a texel": (lambda m: _loop_budget_share(m, 4), True),
+    "loop budget of 1 fragment a texel": (lambda m: _loop_budget_share(m, 1), False),
+}
+ALL_CORPUS = {**CORPUS, **{f"rgba8: {k}": v for k, v in RGBA8_CORPUS.items()}}
 
 
 def _set_all(d: dict[str, Any], value: Any) -> dict[str, Any]:
@@ -441,13 +488,16 @@ def _int_uniform(m: dict[str, Any], value: int) -> None:
 
 @pytest.fixture(scope="module")
 def corpus(compiled: dict[str, tuple[dict[str, Any], set[str]]]) -> tuple[dict[str, str], list[str]]:
-    """The tampered manifests as JSON text (name -> text), and the shader names present."""
-    manifest, shaders = compiled["mlp adam f16"]
+    """The tampered manifests as JSON text (name -> text), and the shader names present (the
+    f16 and the rgba8 manifest have the same programs)."""
     out = {}
-    for name, (change, _) in CORPUS.items():
-        m = copy.deepcopy(manifest)
-        change(m)
-        out[name] = json.dumps(m)
+    for base, corpus, prefix in (("mlp adam f16", CORPUS, ""), ("mlp adam rgba8", RGBA8_CORPUS, "rgba8: ")):
+        manifest, shaders = compiled[base]
+        for name, (change, _) in corpus.items():
+            m = copy.deepcopy(manifest)
+            change(m)
+            out[prefix + name] = json.dumps(m)
+    assert set(compiled["mlp adam f16"][1]) == set(compiled["mlp adam rgba8"][1])
     return out, sorted(shaders)
 
 
@@ -464,7 +514,7 @@ def test_python_judges_the_corpus(corpus: tuple[dict[str, str], list[str]]) -> N
     wrong = {}
     for name, text in texts.items():
         got = _python_outcome(text, shaders)
-        if (got is None) != CORPUS[name][1]:
+        if (got is None) != ALL_CORPUS[name][1]:
             wrong[name] = got or "accepted"
     assert not wrong, wrong
     assert len(set(texts.values())) == len(texts)  # every tampering changed the manifest

@@ -345,7 +345,7 @@ def test_unknown_dump_name_lists_the_passes() -> None:
         ({"passes": {"mrt": "no"}}, r"passes\['mrt'\] must be True or False"),
         ({"passes": {"memplan": False, "fuse": False}}, r"unknown passes \['fuse'\]; known: \['blend'"),
         ({"passes": "fusion"}, "passes must be a dict"),
-        ({"storage": "f8"}, r"storage must be one of \['f32', 'f16'\]"),
+        ({"storage": "f8"}, r"storage must be one of \['f32', 'f16', 'rgba8'\]"),
         ({"target": "webgl3"}, "unknown target 'webgl3'"),
     ],
 )

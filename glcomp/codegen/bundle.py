@@ -103,7 +103,7 @@ def storage_of(program: Program) -> str:
 
 
 def texture_formats(entries: dict[str, Any], temporaries: set[str], storage: str) -> dict[str, str]:
-    """The format of each temporary texture under `storage`.
+    """The format of each temporary texture under `storage` ("rgba8": every one, as the states).
 
     With "f16", a temporary is RGBA16F unless it must hold float32: it carries an entry's input
     (class ids and token ids above 2048 are not exact in half precision), it holds the loss an
@@ -115,8 +115,8 @@ def texture_formats(entries: dict[str, Any], temporaries: set[str], storage: str
     optimizer moments stay float32 because updates far smaller than the value (lr * grad against
     a weight; Adam's second moment of gradients around 1e-4) vanish when rounded to 11
     significant bits."""
-    if storage == "f32":
-        return dict.fromkeys(temporaries, "f32")
+    if storage in ("f32", "rgba8"):
+        return dict.fromkeys(temporaries, storage)
     wide: set[str] = set()
     for e in entries.values():
         wide |= {r for refs in e["inputs"].values() for r in refs if isinstance(r, str)}
@@ -144,7 +144,8 @@ def entry_plan(program: Program, entry: str) -> KernelPlan:
     the program's options, and the names of its persistent states."""
     options = options_of(program)
     states = frozenset({**program.params, **program.buffers, **program.opt_state})
-    return KernelPlan(entry, program.graphs[entry], options.make_target(), options.passes, states)
+    target = options.planning_target()
+    return KernelPlan(entry, program.graphs[entry], target, options.passes, states, options.storage)
 
 
 def build_bundle(program: Program, dump_after: str | None = None, check: bool = False) -> Bundle:
@@ -159,7 +160,7 @@ def build_bundle(program: Program, dump_after: str | None = None, check: bool = 
 def _build_bundle(program: Program, dump_after: str | None, check: bool) -> Bundle:
     check_pass_name(dump_after)
     options = options_of(program)
-    target = options.make_target()
+    target = options.planning_target()  # rgba8: a quarter of the device's texture size
     size = target.max_texture_size
     pool = Pool()
     programs: dict[str, dict[str, Any]] = {}
@@ -207,7 +208,8 @@ def _build_bundle(program: Program, dump_after: str | None, check: bool) -> Bund
     for name, fmt in texture_formats(entries, set(textures), options.storage).items():
         if fmt != "f32":  # no field means RGBA32F: f32 manifests stay as they were
             textures[name]["format"] = fmt
-    textures |= {name: {"width": w, "height": h} for name, (w, h) in state_sizes.items()}
+    state_format = {"format": "rgba8"} if options.storage == "rgba8" else {}  # else states are RGBA32F
+    textures |= {name: {"width": w, "height": h} | state_format for name, (w, h) in state_sizes.items()}
     peak = sum(TEXEL_BYTES[t.get("format", "f32")] * t["width"] * t["height"] for t in textures.values())
     inputs = {}
     for entry in entries:
@@ -216,7 +218,7 @@ def _build_bundle(program: Program, dump_after: str | None, check: bool) -> Bund
     manifest = {
         "format": FORMAT,
         "version": VERSION,
-        "target": target.to_json(),
+        "target": options.make_target().to_json(),  # the device's limits
         "inputs": inputs,
         "hyper": {"lr": program.lr},
         "states": states,
@@ -247,7 +249,7 @@ def _emit_entry(
     cache = cache or RenderCache()
     graph, layouts = plan.graph, plan.layouts
     hypers = plan.hypers()
-    renderer = KernelRenderer(graph, dict(layouts), plan.target)
+    renderer = KernelRenderer(graph, dict(layouts), plan.target, rgba8=plan.storage == "rgba8")
     state_in, state_out = plan.state_in(), plan.state_out()
     temps = {v: [pool.texture(size, index) for size, index in slots] for v, slots in plan.memory.items()}
 

@@ -46,7 +46,9 @@ class KernelPlan:
     kernel result to the texture of the sum it is added into (blending), `blended` names the
     kernels that add rather than overwrite; `memory` gives each temporary one texture slot per
     page. `states` are the names of persistent states (their textures come from the bundle,
-    not the memory plan). `done` names the passes run so far, in order.
+    not the memory plan). `storage` is the ``storage=`` option (glcomp.codegen.options.STORAGE;
+    with "rgba8", `target` is the planning target, a quarter of the device's texture size).
+    `done` names the passes run so far, in order.
     """
 
     entry: str
@@ -54,6 +56,7 @@ class KernelPlan:
     target: Target
     switches: Mapping[str, bool]
     states: frozenset[str] = frozenset()
+    storage: str = "f32"
     done: tuple[str, ...] = ()
     order: tuple[int, ...] = ()
     operands: Mapping[int, tuple[int, ...]] = field(default_factory=_empty)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -20,11 +20,14 @@ import numpy as np
 from glcomp.codegen.target import TARGETS, Target, make_target
 from glcomp.errors import GlcompError
 
-# Texel formats of temporary textures (``storage=``); see glcomp.codegen.bundle.texture_formats.
+# Texel formats of textures (``storage=``); see glcomp.codegen.bundle.texture_formats.
 STORAGE = {
     "f32": "RGBA32F textures everywhere (the default)",
     "f16": "RGBA16F temporaries (activations, gradients): half their texture memory and bandwidth; "
     "states (parameters, buffers, optimizer moments), entry inputs and the loss stay RGBA32F",
+    "rgba8": "every texture RGBA8, a float32's 4 bytes per texel (4x wider textures): exact float32 "
+    "storage that needs no float texture extension (WebGL 1 baseline); shaders decode on read and "
+    "encode on write, so reads cost 4 fetches and each output texel is computed 4 times; no blending",
 }
 
 # The code-generation passes ``passes={name: bool}`` may switch: each name is also the name of
@@ -130,3 +133,12 @@ class CompileOptions:
         """The target these options describe: the named profile with the given limits."""
         limits = {k: getattr(self, k) for k in LIMITS if getattr(self, k) is not None}
         return make_target(self.target, **limits)
+
+    def planning_target(self) -> Target:
+        """The limits kernels and layouts are planned under: `make_target`'s, except that with
+        ``storage="rgba8"`` a texture of logical width w is 4w GL texels wide, so layouts keep to
+        a quarter of the device's texture size (the manifest still records the device's own)."""
+        target = self.make_target()
+        if self.storage == "rgba8":
+            return replace(target, max_texture_size=max(1, target.max_texture_size // 4))
+        return target

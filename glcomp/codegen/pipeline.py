@@ -159,8 +159,9 @@ def mrt(plan: KernelPlan) -> KernelPlan:
 
 
 def blend(plan: KernelPlan) -> KernelPlan:
-    """Add sums of loop results with additive blending, on targets that blend float textures."""
-    if not (plan.switches["blend"] and plan.target.float_blend):
+    """Add sums of loop results with additive blending, on targets that blend float textures
+    (never with rgba8 storage: blending would add bytes, not floats)."""
+    if not (plan.switches["blend"] and plan.target.float_blend) or plan.storage == "rgba8":
         return plan
     kernels, blends = blend_accumulation(list(plan.kernels), plan.graph, plan.layouts)
     return plan.replace(kernels=kernels, into=blends.into, blended=frozenset(blends.blend))
@@ -169,8 +170,9 @@ def blend(plan: KernelPlan) -> KernelPlan:
 def tiling(plan: KernelPlan) -> KernelPlan:
     """Large matmuls run as a register-blocked draw into tiles plus a gather draw, where the
     cost model says that pays on the target (glcomp.codegen.tiled); a product fused into an
-    epilogue is split off into a kernel of its own first where tiling it pays for the draws."""
-    if not plan.switches["tiling"]:
+    epilogue is split off into a kernel of its own first where tiling it pays for the draws.
+    Off with rgba8 storage: tiled draws write float texels of their own (no byte encoding)."""
+    if not plan.switches["tiling"] or plan.storage == "rgba8":
         return plan
     keep = set(plan.blended)
     kernels, products = split_epilogues(list(plan.kernels), plan.graph, dict(plan.layouts), plan.target, keep)

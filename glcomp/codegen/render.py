@@ -141,8 +141,9 @@ class KernelRenderer:
     """Renders kernels of one graph; `layouts` holds the layout of every stored node. It is the
     `Emitter` (glcomp.ir.ops.registry) that the ops' kernel hooks receive."""
 
-    def __init__(self, graph: Graph, layouts: dict[int, Layout], target: Target) -> None:
+    def __init__(self, graph: Graph, layouts: dict[int, Layout], target: Target, rgba8: bool = False) -> None:
         self.graph, self.layouts, self.target = graph, layouts, target
+        self.rgba8 = rgba8  # every texture holds float32 bytes in RGBA8 texels (storage="rgba8")
         self.webgl1 = target.webgl1
         self.position = {n: i for i, n in enumerate(graph.topo())}
         self.want4 = set()
@@ -544,6 +545,7 @@ class KernelRenderer:
                 o |= {"vec4": True, "args4": spec["vec4"]["args4"]}
         context = {
             "webgl1": t.webgl1,
+            "rgba8": self.rgba8,
             "kernel_name": kernel.name,
             "node_ids": ", ".join(f"%{n}" for n in [*kernel.body, *kernel.roots]),
             "origins": [safe_comment(o) for o in kernel.origins],

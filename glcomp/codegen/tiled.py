@@ -182,6 +182,7 @@ def render_tiled(
     tiles = [f"s{t.node}_{i}" for i in range(t.R * t.C)]
     common = {
         "webgl1": False,
+        "rgba8": False,  # the tiling pass is off with rgba8 storage (these draws write float texels)
         "node_ids": ", ".join(f"%{n}" for n in [*kernel.body, *kernel.roots]),
         "origins": [safe_comment(o) for o in kernel.origins],
         "uniforms": [],

@@ -6,6 +6,7 @@ from glcomp.format.jsonschema import Validator, state_name_ok
 from glcomp.format.manifest import (
     DEFAULT_LOOP_BUDGET,
     DEFAULT_TEXTURE_BUDGET,
+    EXACT_FORMATS,
     FORMAT,
     MAX_SIDE,
     PROGRAM_FILE,
@@ -14,6 +15,7 @@ from glcomp.format.manifest import (
     check_layout,
     manifest_schema,
     texel_bytes,
+    texel_span,
     texture_bytes,
     texture_format,
     validate_manifest,
@@ -22,6 +24,7 @@ from glcomp.format.manifest import (
 __all__ = [
     "DEFAULT_LOOP_BUDGET",
     "DEFAULT_TEXTURE_BUDGET",
+    "EXACT_FORMATS",
     "FORMAT",
     "MAX_SIDE",
     "PROGRAM_FILE",
@@ -32,6 +35,7 @@ __all__ = [
     "manifest_schema",
     "state_name_ok",
     "texel_bytes",
+    "texel_span",
     "texture_bytes",
     "texture_format",
     "validate_manifest",

@@ -26,7 +26,11 @@ FORMAT = "glcomp-bundle"
 VERSIONS = (1, 2)  # 2 adds `files` (sha256 of each file) and program.json
 MAX_SIDE = 1 << 16
 # Texel formats a texture record may name in "format" (absent: "f32"), and their sizes in bytes.
-TEXEL_BYTES = {"f32": 16, "f16": 8}
+# "rgba8": each logical texel (4 floats) is 4 RGBA8 texels side by side, each holding one
+# float32's 4 bytes (little-endian): the texture is 4x wider than its record's width, exact.
+TEXEL_BYTES = {"f32": 16, "f16": 8, "rgba8": 16}
+# Formats that hold float32 values exactly (states and entry inputs must use one of them).
+EXACT_FORMATS = ("f32", "rgba8")
 DEFAULT_TEXTURE_BUDGET = 2 << 30  # bytes of textures a bundle may declare (2 GiB)
 DEFAULT_LOOP_BUDGET = 1 << 32  # loop iterations one draw may run (bound per fragment x fragments)
 WEIGHTS_FILE = "weights.safetensors"
@@ -46,8 +50,14 @@ def _validator() -> Validator:
 
 
 def texture_format(tex: dict[str, Any]) -> str:
-    """A (validated) texture record's texel format: "f32" (RGBA32F) or "f16" (RGBA16F)."""
+    """A (validated) texture record's texel format: "f32" (RGBA32F), "f16" (RGBA16F) or "rgba8"
+    (float32 bytes in RGBA8 texels, 4 GL texels per logical texel)."""
     return str(tex.get("format", "f32"))
+
+
+def texel_span(tex: dict[str, Any]) -> int:
+    """GL texels per logical texel along x: 4 for "rgba8" (the GL texture is 4x wider), else 1."""
+    return 4 if texture_format(tex) == "rgba8" else 1
 
 
 def texel_bytes(tex: dict[str, Any]) -> int:
@@ -56,7 +66,8 @@ def texel_bytes(tex: dict[str, Any]) -> int:
 
 
 def texture_bytes(manifest: dict[str, Any]) -> int:
-    """Bytes of GPU memory the (validated) manifest's textures take (RGBA32F 16 a texel, RGBA16F 8)."""
+    """Bytes of GPU memory the (validated) manifest's textures take (RGBA32F 16 a texel, RGBA16F 8,
+    rgba8 16 a logical texel)."""
     return sum(texel_bytes(t) * t["width"] * t["height"] for t in manifest["textures"].values())
 
 
@@ -104,7 +115,9 @@ def validate_manifest(
     integer ranges, required and unknown fields), then what the schema cannot express: references
     to textures, states, programs, shaders and hyper-parameters resolve; layouts agree with their
     shapes and textures; texture sides are powers of two within ``target.max_texture_size``;
-    states and entry inputs are f32 and a draw's targets share one format; and resources fit
+    states and entry inputs are f32 (or rgba8, which is all or nothing: every texture or none, 4x
+    its record's width within ``max_texture_size``, never blended), a draw's targets share one
+    format; and resources fit
     before anything is allocated: the textures' total size (16 bytes a texel, 8 for
     ``"format": "f16"``) is at most `texture_budget_bytes`, every texture is used by a state, an
     entry's inputs or outputs, or a draw, and every draw's declared loop iterations (its program's
@@ -132,7 +145,17 @@ def _cross_check(
             v = tex[side]
             c.need(_pow2(v), f"textures.{name}.{side} must be a power of two")
             c.need(v <= max_size, f"textures.{name}.{side} {v} exceeds target.max_texture_size {max_size}")
+        c.need(
+            texel_span(tex) * tex["width"] <= max_size,
+            f"textures.{name}: an rgba8 texture is 4x its width wide, more than {max_size}",
+        )
         total += texel_bytes(tex) * tex["width"] * tex["height"]
+    # rgba8 storage is all or nothing: its shaders decode every texture they read from bytes.
+    state_format = "rgba8" if any(texture_format(t) == "rgba8" for t in textures.values()) else "f32"
+    c.need(
+        state_format == "f32" or all(texture_format(t) == "rgba8" for t in textures.values()),
+        "textures: either every texture is rgba8 or none is",
+    )
     c.need(
         total <= texture_budget_bytes,
         f"the textures take {total} bytes, more than the budget of {texture_budget_bytes} bytes",
@@ -153,8 +176,8 @@ def _cross_check(
                     f"states.{name}: texture {t!r} has the wrong size",
                 )
                 c.need(
-                    texture_format(textures[t]) == "f32",
-                    f"states.{name}: texture {t!r} must be f32 (states are kept in float32)",
+                    texture_format(textures[t]) in EXACT_FORMATS,
+                    f"states.{name}: texture {t!r} must be f32 or rgba8 (states are kept in float32)",
                 )
                 c.need(
                     t not in owner, f"states.{name}: texture {t!r} is used twice by the state texture sets"
@@ -204,8 +227,8 @@ def _cross_check(
                 size = check_ref(r, f"entries.{entry}.inputs.{name}")
                 c.need(size == want, f"entries.{entry}.inputs.{name}: a texture's size is not {want}")
                 c.need(
-                    not isinstance(r, str) or texture_format(textures[r]) == "f32",
-                    f"entries.{entry}.inputs.{name}: input texture {r!r} must be f32",
+                    not isinstance(r, str) or texture_format(textures[r]) in EXACT_FORMATS,
+                    f"entries.{entry}.inputs.{name}: input texture {r!r} must be f32 or rgba8",
                 )
         for name, out in e["outputs"].items():
             lay = out["layout"]
@@ -241,7 +264,7 @@ def _cross_check(
                 )
             c.need(len(targets) == prog["outputs"], f"{field}: one target per program output expected")
             sizes = {check_ref(r, f"{field}.targets") for r in targets}
-            formats = {texture_format(textures[r]) if isinstance(r, str) else "f32" for r in targets}
+            formats = {texture_format(textures[r]) if isinstance(r, str) else state_format for r in targets}
             c.need(
                 len(formats) == 1, f"{field}: render targets must all have one format, got {sorted(formats)}"
             )
@@ -251,7 +274,12 @@ def _cross_check(
             c.need(
                 len({ref_key(r) for r in targets}) == len(targets), f"{field} renders to one texture twice"
             )
-            work = prog["loop_iterations"] * vp[0] * vp[1]
+            c.need(
+                not (d.get("blend", False) and formats == {"rgba8"}),
+                f"{field}: rgba8 render targets cannot be blended",
+            )
+            span = 4 if formats == {"rgba8"} else 1  # an rgba8 draw covers 4 fragments a texel
+            work = prog["loop_iterations"] * vp[0] * span * vp[1]
             c.need(
                 work <= loop_budget,
                 f"{field} may run {work} loop iterations ({prog['loop_iterations']} per fragment), more "

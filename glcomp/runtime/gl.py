@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from glcomp.errors import GlcompError
-from glcomp.format import texel_bytes, texture_format
+from glcomp.format import texel_bytes, texel_span, texture_format
 from glcomp.runtime.feeds import (
     check_feeds,
     check_lr,
@@ -41,9 +41,10 @@ from glcomp.runtime.feeds import (
 )
 from glcomp.runtime.packing import pack, unpack
 
-# Texel format of a manifest texture -> (moderngl dtype, GL internal format name).
-_GL_FORMATS = {"f32": ("f4", "RGBA32F"), "f16": ("f2", "RGBA16F")}
-_NUMPY_DTYPES = {"f4": np.float32, "f2": np.float16}
+# Texel format of a manifest texture -> (moderngl dtype, GL internal format name). An "rgba8"
+# texture is 4x its record's width: its bytes are the float32 values' bytes (see _prelude.j2).
+_GL_FORMATS = {"f32": ("f4", "RGBA32F"), "f16": ("f2", "RGBA16F"), "rgba8": ("f1", "RGBA8")}
+_NUMPY_DTYPES = {"f4": np.float32, "f2": np.float16, "f1": np.dtype("<f4")}
 _QUAD = np.array([-1.0, -1.0, 3.0, -1.0, -1.0, 3.0], dtype="f4")  # one triangle covers the viewport
 
 # -- one GL call at a time -------------------------------------------------------------------------
@@ -321,11 +322,11 @@ class GLRuntime:
         m, ctx = self.manifest, self.ctx
         ctx.clear_errors()
         for name, t in m["textures"].items():
-            size = (t["width"], t["height"])
+            size = (t["width"] * texel_span(t), t["height"])
             fmt = texture_format(t)
             what = (
                 f"texture {name!r} ({size[0]}x{size[1]} {_GL_FORMATS[fmt][1]}, "
-                f"{size[0] * size[1] * texel_bytes(t)} bytes)"
+                f"{t['width'] * t['height'] * texel_bytes(t)} bytes)"
             )
             try:
                 tex = self._new(ctx.texture(size, 4, dtype=_GL_FORMATS[fmt][0]))
@@ -372,7 +373,7 @@ class GLRuntime:
                 f"{budget} bytes (texture_budget_bytes)"
             )
         need = max(
-            [t["width"] for t in self.manifest["textures"].values()]
+            [t["width"] * texel_span(t) for t in self.manifest["textures"].values()]
             + [t["height"] for t in self.manifest["textures"].values()]
             + [1]
         )
@@ -424,7 +425,7 @@ class GLRuntime:
         for ref in refs:
             tex = self._texture(ref)
             data = np.frombuffer(tex.read(), dtype=_NUMPY_DTYPES[tex.dtype]).astype(np.float32)
-            pages.append(data.reshape(tex.height, tex.width, 4))
+            pages.append(data.reshape(tex.height, -1, 4))  # rgba8: 4 bytes a float, 1/4 the GL width
         return unpack(pages, layout)
 
     def _state_refs(self, name: str) -> list[dict[str, Any]]:
@@ -504,7 +505,9 @@ class GLRuntime:
                 written[pid, uniform] = value
         fbo = self._framebuffer(d["targets"])
         fbo.use()
-        self.ctx.viewport = (0, 0, *d["viewport"])
+        width, height = d["viewport"]
+        span = 4 if fbo.color_attachments[0].dtype == "f1" else 1  # rgba8: 4 fragments a texel
+        self.ctx.viewport = (0, 0, width * span, height)
         if d.get("blend"):
             self.ctx.enable(moderngl.BLEND)
             self.ctx.blend_func = moderngl.ONE, moderngl.ONE

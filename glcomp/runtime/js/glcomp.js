@@ -14,8 +14,8 @@
 
 export { GlcompError, nextTask } from "./util.js";
 export {
-  DEFAULT_LOOP_BUDGET, DEFAULT_TEXTURE_BUDGET, FORMAT, MAX_SIDE, TEXEL_BYTES, VERSIONS, checkShaders,
-  shaderLoopBound, textureFormat, validateManifest,
+  DEFAULT_LOOP_BUDGET, DEFAULT_TEXTURE_BUDGET, EXACT_FORMATS, FORMAT, MAX_SIDE, TEXEL_BYTES, VERSIONS, checkShaders,
+  shaderLoopBound, texelSpan, textureFormat, validateManifest,
 } from "./manifest.js";
 export {
   checkFeeds, checkInput, loadBundle, pack, parseJson, parseSafetensors, sha256, sha256Sync, unpack, writeSafetensors,

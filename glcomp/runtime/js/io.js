@@ -341,7 +341,9 @@ function fileMap(source) {
   return map;
 }
 
-async function fetchFile(url, what, optional, origins) {
+/** Fetch `url` (`what` names it in errors) from one of `origins` (null: any); null for a missing
+ *  `optional` file, GlcompError otherwise. */
+export async function fetchFile(url, what, optional, origins) {
   let res;
   try {
     res = await fetch(url, { credentials: "same-origin" });
@@ -360,7 +362,7 @@ async function fetchFile(url, what, optional, origins) {
 
 /** The origins a bundle may be fetched from: this page's own, and those `allowOrigins` names
  *  (an array of origins such as "https://models.example.org", or true for any: null). */
-function allowedOrigins(allow) {
+export function allowedOrigins(allow) {
   if (allow === true) return null;
   const own = typeof location !== "undefined" && location.origin && location.origin !== "null" ? [location.origin] : [];
   if (allow !== undefined && !(Array.isArray(allow) && allow.every((o) => typeof o === "string"))) {

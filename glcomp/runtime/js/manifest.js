@@ -12,10 +12,18 @@ export const MAX_SIDE = 1 << 16;
 // Resource limits, the same as glcomp/format/manifest.py's (both loaders accept the same bundles).
 export const DEFAULT_TEXTURE_BUDGET = 2 * 2 ** 30; // bytes of textures a bundle may declare
 // Texel formats a manifest texture may name in "format" (absent: "f32"), and their sizes in bytes.
-export const TEXEL_BYTES = { f32: 16, f16: 8 };
-/** A (validated) texture record's texel format: "f32" (RGBA32F) or "f16" (RGBA16F). */
+// "rgba8": a logical texel (4 floats) is 4 RGBA8 texels side by side holding the float32s' bytes
+// (little-endian): the GL texture is 4x the record's width (see texelSpan).
+export const TEXEL_BYTES = { f32: 16, f16: 8, rgba8: 16 };
+export const EXACT_FORMATS = ["f32", "rgba8"]; // formats holding float32 exactly (states, entry inputs)
+/** A (validated) texture record's texel format: "f32" (RGBA32F), "f16" (RGBA16F) or "rgba8"
+ *  (float32 bytes in RGBA8 texels, 4 GL texels per logical texel). */
 export function textureFormat(tex) {
   return tex.format === undefined ? "f32" : tex.format;
+}
+/** GL texels per logical texel along x: 4 for an "rgba8" texture record, else 1. */
+export function texelSpan(tex) {
+  return textureFormat(tex) === "rgba8" ? 4 : 1;
 }
 export const DEFAULT_LOOP_BUDGET = 2 ** 32; // loop iterations one draw may run
 const MAX_SHADER_CHARS = 2 ** 20;
@@ -66,8 +74,13 @@ export function validateManifest(m, shaderNames, options = {}) {
       c.need(pow2(v), `textures.${name}.${side} must be a power of two`);
       c.need(v <= maxSize, `textures.${name}.${side} ${v} exceeds target.max_texture_size ${maxSize}`);
     }
+    c.need(texelSpan(tex) * tex.width <= maxSize, `textures.${name}: an rgba8 texture is 4x its width wide, more than ${maxSize}`);
     total += TEXEL_BYTES[textureFormat(tex)] * tex.width * tex.height;
   }
+  // rgba8 storage is all or nothing: its shaders decode every texture they read from bytes.
+  const stateFormat = Object.values(textures).some((t) => textureFormat(t) === "rgba8") ? "rgba8" : "f32";
+  c.need(stateFormat === "f32" || Object.values(textures).every((t) => textureFormat(t) === "rgba8"),
+    "textures: either every texture is rgba8 or none is");
   c.need(total <= textureBudget, `the textures take ${total} bytes, more than the budget of ${textureBudget} bytes`);
   const used = new Set();
 
@@ -82,7 +95,8 @@ export function validateManifest(m, shaderNames, options = {}) {
         c.need(Object.hasOwn(textures, t), `states.${name} refers to unknown texture ${short(t)}`);
         const tex = textures[t];
         c.need(tex.width === lay.width && tex.height === lay.height, `states.${name}: texture ${short(t)} has the wrong size`);
-        c.need(textureFormat(tex) === "f32", `states.${name}: texture ${short(t)} must be f32 (states are kept in float32)`);
+        c.need(EXACT_FORMATS.includes(textureFormat(tex)),
+          `states.${name}: texture ${short(t)} must be f32 or rgba8 (states are kept in float32)`);
         c.need(!owner.has(t), `states.${name}: texture ${short(t)} is used twice by the state texture sets`);
         owner.set(t, name);
       }
@@ -124,8 +138,8 @@ export function validateManifest(m, shaderNames, options = {}) {
       for (const r of refs) {
         const [w, h] = checkRef(r, `entries.${entry}.inputs.${name}`);
         c.need(w === lay.width && h === lay.height, `entries.${entry}.inputs.${name}: a texture's size is not (${lay.width}, ${lay.height})`);
-        c.need(typeof r !== "string" || textureFormat(textures[r]) === "f32",
-          `entries.${entry}.inputs.${name}: input texture ${short(r)} must be f32`);
+        c.need(typeof r !== "string" || EXACT_FORMATS.includes(textureFormat(textures[r])),
+          `entries.${entry}.inputs.${name}: input texture ${short(r)} must be f32 or rgba8`);
       }
     }
     for (const [name, out] of Object.entries(e.outputs)) {
@@ -154,13 +168,15 @@ export function validateManifest(m, shaderNames, options = {}) {
       }
       c.need(targets.length === prog.outputs, `${field}: one target per program output expected`);
       const sizes = new Set(targets.map((r) => checkRef(r, `${field}.targets`).join("x")));
-      const formats = new Set(targets.map((r) => (typeof r === "string" ? textureFormat(textures[r]) : "f32")));
+      const formats = new Set(targets.map((r) => (typeof r === "string" ? textureFormat(textures[r]) : stateFormat)));
       c.need(formats.size === 1, `${field}: render targets must all have one format, got ${short([...formats].sort())}`);
       c.need(sizes.size === 1 && sizes.has(vp.join("x")), `${field}: render targets must all match the viewport size`);
       const read = new Set(Object.values(samplers).map(refKey));
       c.need(!targets.some((r) => read.has(refKey(r))), `${field} samples a texture it renders to`);
       c.need(new Set(targets.map(refKey)).size === targets.length, `${field} renders to one texture twice`);
-      const work = prog.loop_iterations * vp[0] * vp[1];
+      const rgba8 = formats.size === 1 && formats.has("rgba8");
+      c.need(!((d.blend ?? false) && rgba8), `${field}: rgba8 render targets cannot be blended`);
+      const work = prog.loop_iterations * vp[0] * (rgba8 ? 4 : 1) * vp[1]; // rgba8: 4 fragments a texel
       c.need(work <= loopBudget, `${field} may run ${work} loop iterations (${prog.loop_iterations} per fragment), `
         + `more than the budget of ${loopBudget} per draw`);
     });

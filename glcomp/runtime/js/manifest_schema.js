@@ -230,7 +230,8 @@ export default {
         "format": {
           "enum": [
             "f32",
-            "f16"
+            "f16",
+            "rgba8"
           ]
         }
       },

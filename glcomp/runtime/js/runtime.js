@@ -3,7 +3,7 @@
 import {
   checkFeeds, loadBundle, nestedShape, pack, parseSafetensors, unpack, writeSafetensors,
 } from "./io.js";
-import { TEXEL_BYTES, textureFormat } from "./manifest.js";
+import { TEXEL_BYTES, texelSpan, textureFormat } from "./manifest.js";
 import {
   GlcompError, fmtList, fmtShape, isInt, isObj, maxOf, nextFrame, nextTask, prod, repr, sameList, sleep,
 } from "./util.js";
@@ -168,12 +168,21 @@ export class Runtime {
     const isF32 = (r) => typeof r !== "string" || textureFormat(m.textures[r]) === "f32";
     const blend = Object.values(m.entries).some((e) => e.draws.some((d) => d.blend === true && d.targets.some(isF32)));
     const half = Object.values(m.textures).some((t) => textureFormat(t) === "f16");
-    if (this.webgl2) {
+    // storage="rgba8": every texture RGBA8, no float texture extension needed.
+    const bytes = Object.values(m.textures).some((t) => textureFormat(t) === "rgba8");
+    if (bytes) {
+      if (!this.webgl2 && outputs > 1) {
+        ext.drawBuffers = gl.getExtension("WEBGL_draw_buffers");
+        if (!ext.drawBuffers) lacks.push(`WEBGL_draw_buffers (programs write ${outputs} outputs per draw)`);
+      }
+    } else if (this.webgl2) {
       ext.colorBufferFloat = gl.getExtension("EXT_color_buffer_float");
-      if (!ext.colorBufferFloat) lacks.push("EXT_color_buffer_float (rendering into RGBA32F float textures)");
+      if (!ext.colorBufferFloat) {
+        lacks.push("EXT_color_buffer_float (rendering into RGBA32F float textures; storage='rgba8' needs none)");
+      }
     } else {
       ext.textureFloat = gl.getExtension("OES_texture_float");
-      if (!ext.textureFloat) lacks.push("OES_texture_float (float textures)");
+      if (!ext.textureFloat) lacks.push("OES_texture_float (float textures; storage='rgba8' needs none)");
       ext.colorBufferFloat = gl.getExtension("WEBGL_color_buffer_float") || gl.getExtension("EXT_color_buffer_float");
       if (!ext.colorBufferFloat) lacks.push("WEBGL_color_buffer_float (rendering into float textures)");
       if (half) {
@@ -212,12 +221,12 @@ export class Runtime {
     const maxUnits = gl.getParameter(gl.MAX_TEXTURE_IMAGE_UNITS);
     const viewport = gl.getParameter(gl.MAX_VIEWPORT_DIMS);
     const hint = {}; // target limits that would fit this device
-    const [bigName, big] = Object.entries(m.textures).reduce((a, [k, t]) => (Math.max(t.width, t.height) > a[1]
-      ? [k, Math.max(t.width, t.height)] : a), ["", 1]);
+    const [bigName, big] = Object.entries(m.textures).reduce((a, [k, t]) => (Math.max(texelSpan(t) * t.width, t.height) > a[1]
+      ? [k, Math.max(texelSpan(t) * t.width, t.height)] : a), ["", 1]);
     if (big > maxTex) {
       const t = m.textures[bigName];
       lacks.push(`MAX_TEXTURE_SIZE: textures of ${big} texels per side (the limit here is ${maxTex}), `
-        + `texture ${repr(bigName)} is ${t.width}x${t.height}`);
+        + `texture ${repr(bigName)} is ${texelSpan(t) * t.width}x${t.height}`);
       hint.max_texture_size = maxTex;
     } else if (viewport && big > Math.min(viewport[0], viewport[1])) {
       lacks.push(`MAX_VIEWPORT_DIMS: viewports of ${big} pixels per side (the limit here is ${viewport[0]}x${viewport[1]})`);
@@ -245,6 +254,7 @@ export class Runtime {
     }
     this._info = { webgl: this.webgl2 ? 2 : 1, renderer, vendor, software, maxTextureSize: maxTex,
       maxDrawBuffers: maxDraw, maxTextureUnits: maxUnits, parallelShaderCompile: !!ext.parallel,
+      storage: bytes ? "rgba8" : half ? "f16" : "f32",
       readback: this._asyncReadback() ? "async" : "sync", warnings: [] };
     if (software) {
       this._info.warnings.push(`${renderer} is a software renderer (no GPU acceleration): `
@@ -302,7 +312,12 @@ export class Runtime {
       gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_WRAP_T, gl.CLAMP_TO_EDGE);
       const half = textureFormat(t) === "f16";
       tex.__format = textureFormat(t);
-      if (this.webgl2) gl.texStorage2D(gl.TEXTURE_2D, 1, half ? gl.RGBA16F : gl.RGBA32F, t.width, t.height);
+      tex.__span = texelSpan(t); // rgba8: the GL texture is 4x wider, its bytes the float32s'
+      const glWidth = tex.__span * t.width;
+      if (tex.__format === "rgba8") {
+        if (this.webgl2) gl.texStorage2D(gl.TEXTURE_2D, 1, gl.RGBA8, glWidth, t.height);
+        else gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA, glWidth, t.height, 0, gl.RGBA, gl.UNSIGNED_BYTE, null);
+      } else if (this.webgl2) gl.texStorage2D(gl.TEXTURE_2D, 1, half ? gl.RGBA16F : gl.RGBA32F, t.width, t.height);
       else {
         const type = half ? this.ext.textureHalfFloat.HALF_FLOAT_OES : gl.FLOAT;
         gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA, t.width, t.height, 0, gl.RGBA, type, null);
@@ -312,7 +327,8 @@ export class Runtime {
         const why = gl.isContextLost() ? "the WebGL context was lost"
           : err === gl.OUT_OF_MEMORY ? "out of GPU memory" : `WebGL error 0x${err.toString(16)}`;
         const bytes = TEXEL_BYTES[textureFormat(t)] * t.width * t.height;
-        throw new GlcompError(`texture ${repr(name)} (${t.width}x${t.height} ${half ? "RGBA16F" : "RGBA32F"}, ${bytes} bytes) `
+        const kind = tex.__format === "rgba8" ? "RGBA8" : half ? "RGBA16F" : "RGBA32F";
+        throw new GlcompError(`texture ${repr(name)} (${glWidth}x${t.height} ${kind}, ${bytes} bytes) `
           + `could not be allocated: ${why} (the bundle needs ${totalBytes} bytes of textures)`);
       }
       this.textures.set(name, tex);
@@ -385,7 +401,8 @@ export class Runtime {
 
   /** What the WebGL context offers: renderer, limits, whether it is a software renderer. */
   info() {
-    return { ...this._info, warnings: [...this._info.warnings] };
+    // `variant`: which variant of a variant set was loaded and why (see variants.js), else null.
+    return { ...this._info, warnings: [...this._info.warnings], variant: this.variant ?? null };
   }
 
   /** Live GL objects this runtime owns, by kind (all zero after dispose()). */
@@ -402,14 +419,18 @@ export class Runtime {
   }
 
   _write(refs, flat, layout) {
-    // Only states and entry inputs are written, and the validator holds both to RGBA32F ("f32").
+    // Only states and entry inputs are written, and the validator holds both to float32: RGBA32F
+    // ("f32"), or the float32s' bytes in RGBA8 texels ("rgba8").
     const gl = this.gl;
     const pages = pack(flat, layout);
     gl.activeTexture(gl.TEXTURE0);
     refs.forEach((ref, i) => {
       const tex = this._texture(ref);
       gl.bindTexture(gl.TEXTURE_2D, tex);
-      gl.texSubImage2D(gl.TEXTURE_2D, 0, 0, 0, tex.__w, tex.__h, gl.RGBA, gl.FLOAT, pages[i]);
+      if (tex.__span === 4) { // rgba8: the float32s' bytes, little-endian as typed arrays are
+        const b = new Uint8Array(pages[i].buffer, pages[i].byteOffset, pages[i].byteLength);
+        gl.texSubImage2D(gl.TEXTURE_2D, 0, 0, 0, 4 * tex.__w, tex.__h, gl.RGBA, gl.UNSIGNED_BYTE, b);
+      } else gl.texSubImage2D(gl.TEXTURE_2D, 0, 0, 0, tex.__w, tex.__h, gl.RGBA, gl.FLOAT, pages[i]);
     });
     gl.bindTexture(gl.TEXTURE_2D, null);
   }
@@ -466,7 +487,8 @@ export class Runtime {
       const tex = this._texture(ref);
       gl.bindFramebuffer(gl.FRAMEBUFFER, this._readFramebuffer(tex));
       const data = new Float32Array(tex.__w * tex.__h * 4);
-      gl.readPixels(0, 0, tex.__w, tex.__h, gl.RGBA, gl.FLOAT, data);
+      if (tex.__span === 4) gl.readPixels(0, 0, 4 * tex.__w, tex.__h, gl.RGBA, gl.UNSIGNED_BYTE, new Uint8Array(data.buffer));
+      else gl.readPixels(0, 0, tex.__w, tex.__h, gl.RGBA, gl.FLOAT, data);
       return data;
     });
     gl.bindFramebuffer(gl.FRAMEBUFFER, null);
@@ -500,7 +522,8 @@ export class Runtime {
         const pbo = this._createPbo(bytes);
         gl.bindFramebuffer(gl.FRAMEBUFFER, this._readFramebuffer(tex));
         gl.bindBuffer(gl.PIXEL_PACK_BUFFER, pbo);
-        gl.readPixels(0, 0, tex.__w, tex.__h, gl.RGBA, gl.FLOAT, 0);
+        if (tex.__span === 4) gl.readPixels(0, 0, 4 * tex.__w, tex.__h, gl.RGBA, gl.UNSIGNED_BYTE, 0);
+        else gl.readPixels(0, 0, tex.__w, tex.__h, gl.RGBA, gl.FLOAT, 0);
         return pbo;
       }),
     }));
@@ -595,7 +618,7 @@ export class Runtime {
     }
     if (loc.u_page_offset) gl.uniform1i(loc.u_page_offset, d.page_offset);
     gl.bindFramebuffer(gl.FRAMEBUFFER, this._framebuffer(d.targets));
-    gl.viewport(0, 0, d.viewport[0], d.viewport[1]);
+    gl.viewport(0, 0, d.viewport[0] * this._texture(d.targets[0]).__span, d.viewport[1]); // rgba8: 4 fragments a texel
     if (d.blend) {
       gl.enable(gl.BLEND);
       gl.blendFunc(gl.ONE, gl.ONE);
