@@ -253,8 +253,10 @@ def data(shape: tuple[int, ...], classes: int, seed: int = 0) -> tuple[np.ndarra
     return rng.standard_normal(shape).astype(np.float32), rng.integers(0, classes, shape[0])
 
 
-def compile_sgd(module: Any, shape: tuple[int, ...]) -> Any:
-    return glcomp.compile(module, {"x": shape}, loss=nn.CrossEntropyLoss(), optimizer=optim.SGD(lr=0.1))
+def compile_sgd(module: Any, shape: tuple[int, ...], target: str = "webgl2") -> Any:
+    return glcomp.compile(
+        module, {"x": shape}, loss=nn.CrossEntropyLoss(), optimizer=optim.SGD(lr=0.1), target=target
+    )
 
 
 # -- parity ----------------------------------------------------------------------------------------
@@ -444,16 +446,25 @@ def test_recurrent_node_layout_direction_and_states(tmp_path: Path, op: str, dir
         np.testing.assert_allclose(got[f"output.{i}"], want[i], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_lstm_gru_nodes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtime", ["reference", "webgl2", "webgl1"])
+def test_lstm_gru_nodes(tmp_path: Path, runtime: str, gl_runtime: Any) -> None:
+    """A torch-exported bidirectional 2-layer LSTM feeding a GRU imports, predicts and trains 4
+    steps like torch on the reference runtime and on GL in both dialects."""
     tmodel = Recurrent()
     path = export(tmodel, (2, 3, 3), tmp_path / "rnn.onnx")
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]
     assert ops.count("LSTM") == 2 and ops.count("GRU") == 1
     module = glcomp.onnx.load(path)
     x, y = data((2, 3, 3), 3)
-    ref = compile_sgd(module, (2, 3, 3)).runtime("reference")
-    predict_matches(tmodel, ref, x)
-    check_training(tmodel, module, ref, x, y, layout=recurrent_layout)
+    if runtime == "reference":
+        ref = compile_sgd(module, (2, 3, 3)).runtime("reference")
+        predict_matches(tmodel, ref, x)
+        check_training(tmodel, module, ref, x, y, layout=recurrent_layout)
+        return
+    prog = compile_sgd(module, (2, 3, 3), target=runtime)
+    with gl_runtime(prog) as gl:
+        predict_matches(tmodel, gl, x)
+        check_training(tmodel, module, gl, x, y, layout=recurrent_layout)
 
 
 # -- errors ----------------------------------------------------------------------------------------
