@@ -10,6 +10,7 @@ than the target's max texture size; a tensor that does not fit one texture is sp
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -42,7 +43,13 @@ class Layout:
 
 def layout_for(shape: tuple[int, ...], max_size: int, width: int | None = None) -> Layout:
     """The packed layout of a tensor of `shape` under a max texture side of `max_size`
-    (`width` forces the texture width, for render targets that must share a footprint)."""
+    (`width` forces the texture width, for render targets that must share a footprint).
+    Layouts are values: equal arguments give the same (cached) one."""
+    return _layout(tuple(shape), max_size, width)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _layout(shape: tuple[int, ...], max_size: int, width: int | None) -> Layout:
     row_len = shape[-1] if shape else 1
     rows = math.prod(shape[:-1]) if shape else 1
     row_texels = max(1, math.ceil(row_len / 4))
