@@ -418,6 +418,16 @@ export async function loadBundle(source, options = {}) {
     throw new GlcompError("Runtime.load: pass a bundle base URL, or an object / array of its files");
   }
   const manifest = parseJson(manifestBytes, "manifest.json");
+  // The weights and the IR graphs are fetched while the shaders are (and checked in the order
+  // below): a load waits for the slowest file, not for their sum. A settled early fetch whose
+  // result is never awaited (a bad manifest) is not reported as an unhandled rejection.
+  const early = (get) => {
+    const promise = get();
+    promise.catch(() => {});
+    return () => promise;
+  };
+  weightsBuf = early(weightsBuf);
+  if (isObj(manifest) && isObj(manifest.files) && Object.hasOwn(manifest.files, PROGRAM_FILE)) programBuf = early(programBuf);
   if (isObj(manifest)) {
     const wanted = [manifest.vertex_shader];
     for (const p of Object.values(isObj(manifest.programs) ? manifest.programs : {})) {
