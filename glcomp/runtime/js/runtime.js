@@ -322,18 +322,21 @@ export class Runtime {
         const type = half ? this.ext.textureHalfFloat.HALF_FLOAT_OES : gl.FLOAT;
         gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA, t.width, t.height, 0, gl.RGBA, type, null);
       }
-      const err = gl.getError();
-      if (err !== gl.NO_ERROR || gl.isContextLost()) {
-        const why = gl.isContextLost() ? "the WebGL context was lost"
-          : err === gl.OUT_OF_MEMORY ? "out of GPU memory" : `WebGL error 0x${err.toString(16)}`;
-        const bytes = TEXEL_BYTES[textureFormat(t)] * t.width * t.height;
-        const kind = tex.__format === "rgba8" ? "RGBA8" : half ? "RGBA16F" : "RGBA32F";
-        throw new GlcompError(`texture ${repr(name)} (${glWidth}x${t.height} ${kind}, ${bytes} bytes) `
-          + `could not be allocated: ${why} (the bundle needs ${totalBytes} bytes of textures)`);
-      }
       this.textures.set(name, tex);
     }
     gl.bindTexture(gl.TEXTURE_2D, null);
+    // One check for all textures: GL errors stay set until read, and each getError waits for the
+    // GPU process (one round trip per texture took tens of ms at load).
+    const allocError = gl.getError();
+    if (allocError !== gl.NO_ERROR || gl.isContextLost()) {
+      const why = gl.isContextLost() ? "the WebGL context was lost"
+        : allocError === gl.OUT_OF_MEMORY ? "out of GPU memory" : `WebGL error 0x${allocError.toString(16)}`;
+      const bytes = (t) => TEXEL_BYTES[textureFormat(t)] * t.width * t.height;
+      const [big, t] = Object.entries(m.textures).reduce((a, b) => (bytes(b[1]) > bytes(a[1]) ? b : a),
+        ["", { width: 0, height: 0 }]);
+      throw new GlcompError(`the bundle's ${Object.keys(m.textures).length} textures (${totalBytes} bytes; the largest, `
+        + `${repr(big)}, ${texelSpan(t) * t.width}x${t.height}, ${bytes(t)} bytes) could not be allocated: ${why}`);
+    }
     this._vbo = this._track("buffers", gl.createBuffer());
     gl.bindBuffer(gl.ARRAY_BUFFER, this._vbo);
     gl.bufferData(gl.ARRAY_BUFFER, QUAD, gl.STATIC_DRAW);
