@@ -373,7 +373,7 @@ def _tamper_weights(src: Path, dst: Path, how: str) -> None:
     key = sorted(w)[0]
     if how == "nan":
         w[key] = w[key].copy()
-        w[key].flat[0] = np.nan
+        w[key].flat[-1] = np.nan  # the last element: every one is checked
     elif how == "shape":
         w[key] = np.zeros((*w[key].shape, 2), np.float32)
     elif how == "missing":

@@ -633,13 +633,22 @@ def test_browser_refuses_many_textures_and_reports_gpu_memory(
         try { (await g.Runtime.load(url, { quiet: true })).dispose(); return null; }
         catch (err) { return `${err.name}: ${err.message}`; } };
       const many = await msg("/bundle/many/");
-      // The driver runs out of memory on the third texture: reported as such, nothing left behind.
+      // The driver runs out of memory on the third texture (the error stays set until getError
+      // reads it, as GL errors do): reported as such, nothing left behind.
       const proto = WebGL2RenderingContext.prototype;
       const store = proto.texStorage2D;
       const getError = proto.getError;
       let allocated = 0;
-      proto.texStorage2D = function (...a) { allocated += 1; return store.apply(this, a); };
-      proto.getError = function () { return allocated === 3 ? this.OUT_OF_MEMORY : getError.call(this); };
+      let outOfMemory = false;
+      proto.texStorage2D = function (...a) {
+        allocated += 1;
+        outOfMemory ||= allocated === 3;
+        return store.apply(this, a);
+      };
+      proto.getError = function () {
+        if (outOfMemory) { outOfMemory = false; return this.OUT_OF_MEMORY; }
+        return getError.call(this);
+      };
       const oom = await msg("/bundle/fuzz_good2/");
       proto.getError = getError;
       proto.texStorage2D = store;

@@ -66,6 +66,7 @@ export class Runtime {
     this.textures = new Map();
     this.programs = new Map();
     this._fbos = new Map();
+    this._completeFbos = new Set(); // attachment signatures (formats, sizes) found complete
     this._readFbos = new Map();
     this._live = new Set(); // every GL object this runtime created and has not deleted
     this._liveCount = Object.fromEntries(KINDS.map((k) => [k, 0]));
@@ -322,22 +323,30 @@ export class Runtime {
         const type = half ? this.ext.textureHalfFloat.HALF_FLOAT_OES : gl.FLOAT;
         gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA, t.width, t.height, 0, gl.RGBA, type, null);
       }
-      const err = gl.getError();
-      if (err !== gl.NO_ERROR || gl.isContextLost()) {
-        const why = gl.isContextLost() ? "the WebGL context was lost"
-          : err === gl.OUT_OF_MEMORY ? "out of GPU memory" : `WebGL error 0x${err.toString(16)}`;
-        const bytes = TEXEL_BYTES[textureFormat(t)] * t.width * t.height;
-        const kind = tex.__format === "rgba8" ? "RGBA8" : half ? "RGBA16F" : "RGBA32F";
-        throw new GlcompError(`texture ${repr(name)} (${glWidth}x${t.height} ${kind}, ${bytes} bytes) `
-          + `could not be allocated: ${why} (the bundle needs ${totalBytes} bytes of textures)`);
-      }
       this.textures.set(name, tex);
     }
     gl.bindTexture(gl.TEXTURE_2D, null);
+    // One check for all textures: GL errors stay set until read, and each getError waits for the
+    // GPU process (one round trip per texture took tens of ms at load).
+    const allocError = gl.getError();
+    if (allocError !== gl.NO_ERROR || gl.isContextLost()) {
+      const why = gl.isContextLost() ? "the WebGL context was lost"
+        : allocError === gl.OUT_OF_MEMORY ? "out of GPU memory" : `WebGL error 0x${allocError.toString(16)}`;
+      const bytes = (t) => TEXEL_BYTES[textureFormat(t)] * t.width * t.height;
+      const [big, t] = Object.entries(m.textures).reduce((a, b) => (bytes(b[1]) > bytes(a[1]) ? b : a),
+        ["", { width: 0, height: 0 }]);
+      throw new GlcompError(`the bundle's ${Object.keys(m.textures).length} textures (${totalBytes} bytes; the largest, `
+        + `${repr(big)}, ${texelSpan(t) * t.width}x${t.height}, ${bytes(t)} bytes) could not be allocated: ${why}`);
+    }
     this._vbo = this._track("buffers", gl.createBuffer());
     gl.bindBuffer(gl.ARRAY_BUFFER, this._vbo);
     gl.bufferData(gl.ARRAY_BUFFER, QUAD, gl.STATIC_DRAW);
     await this._compilePrograms();
+    // The framebuffers of every draw, made (and checked) now, while the GPU is idle: made at a
+    // first draw, each check waited for all the draws queued before it (the JIT compilation of
+    // their shaders in software renderers).
+    for (const e of Object.values(m.entries)) for (const d of e.draws) this._framebuffer(d.targets);
+    gl.bindFramebuffer(gl.FRAMEBUFFER, null);
     for (const [name, value] of Object.entries(weights)) this._uploadState(name, value);
     const err = gl.getError();
     if (err !== gl.NO_ERROR) throw this._lostOr(new GlcompError(`WebGL error 0x${err.toString(16)} while setting up the bundle`));
@@ -460,10 +469,16 @@ export class Runtime {
       if (this.webgl2) gl.drawBuffers(bufs);
       else db.drawBuffersWEBGL(bufs);
     }
-    const status = gl.checkFramebufferStatus(gl.FRAMEBUFFER);
-    if (status !== gl.FRAMEBUFFER_COMPLETE) {
-      throw this._lostOr(new GlcompError(`float render targets are not supported here (framebuffer status 0x${status.toString(16)}, `
-        + `renderer ${this._info.renderer})`));
+    // Completeness depends on the attachments' formats and sizes only: checked once for each such
+    // signature (checkFramebufferStatus waits for the GPU process, and for every draw queued before).
+    const signature = texs.map((t) => `${t.__format}:${t.__span * t.__w}x${t.__h}`).join("|");
+    if (!this._completeFbos.has(signature)) {
+      const status = gl.checkFramebufferStatus(gl.FRAMEBUFFER);
+      if (status !== gl.FRAMEBUFFER_COMPLETE) {
+        throw this._lostOr(new GlcompError(`float render targets are not supported here (framebuffer status 0x${status.toString(16)}, `
+          + `renderer ${this._info.renderer})`));
+      }
+      this._completeFbos.add(signature);
     }
     this._fbos.set(key, fbo);
     return fbo;
@@ -780,6 +795,7 @@ export class Runtime {
     this.textures.clear();
     this.programs.clear();
     this._fbos.clear();
+    this._completeFbos.clear();
     this._readFbos.clear();
     this._checkedEntries.clear();
     for (const k of Object.keys(this.parity)) this.parity[k] = 0;
@@ -938,6 +954,7 @@ export class Runtime {
     this.textures.clear();
     this.programs.clear();
     this._fbos.clear();
+    this._completeFbos.clear();
     this._readFbos.clear();
   }
 }
