@@ -490,3 +490,41 @@ def test_chromium_webgl1_round_trip_is_exact(browser: Any) -> None:  # noqa: F81
     normal = (exponent != 0) & (exponent != 0xFF)
     wrong = np.flatnonzero(got[normal] != bits[normal])
     assert wrong.size == 0, [f"{bits[normal][i]:08x} -> {got[normal][i]:08x}" for i in wrong[:8]]
+
+
+@pytest.mark.browser
+def test_incomplete_rgba8_framebuffer_is_reported_as_a_lost_device(
+    browser: Any,  # noqa: F811 - fixtures of test_browser
+    site: Any,  # noqa: F811
+    models: Any,
+) -> None:
+    """An RGBA8 framebuffer is complete on every WebGL implementation, so FRAMEBUFFER_UNSUPPORTED
+    there means a device lost before WebGL says so (as after a long pipeline build on SwiftShader,
+    when the step before had read back zeros): the error says that, not that float render targets
+    are unsupported."""
+    case = models["mlp"]
+    name = "rgba8_mlp_unsupported"
+    case.compile("webgl2", optim.Adam(lr=0.01), storage="rgba8").save(site.root / name)
+    context = browser.new_context()
+    try:
+        pg = context.new_page()
+        pg.add_init_script(
+            "WebGL2RenderingContext.prototype.checkFramebufferStatus = function () {"
+            " return this.FRAMEBUFFER_UNSUPPORTED; };"
+        )
+        pg.goto(site.url + "glcomp.js")
+        feeds, y = case.batch(0)
+        msg = _js(
+            pg,
+            """
+          const rt = await g.Runtime.load(arg.base, { quiet: true });
+          try { await rt.trainStep({ x: arg.x, y: arg.y }); return null; }
+          catch (err) { return err.message; } finally { rt.dispose(); }
+        """,
+            {"base": f"/bundle/{name}/", "x": feeds["x"].ravel().tolist(), "y": y.tolist()},
+        )
+    finally:
+        context.close()
+    assert msg is not None, "a draw into an incomplete framebuffer went ahead"
+    assert "the RGBA8 render targets ['" in msg and "framebuffer status 0x8cdd" in msg, msg
+    assert "context is most likely lost" in msg and "float render targets" not in msg, msg
