@@ -475,8 +475,15 @@ export class Runtime {
     if (!this._completeFbos.has(signature)) {
       const status = gl.checkFramebufferStatus(gl.FRAMEBUFFER);
       if (status !== gl.FRAMEBUFFER_COMPLETE) {
-        throw this._lostOr(new GlcompError(`float render targets are not supported here (framebuffer status 0x${status.toString(16)}, `
-          + `renderer ${this._info.renderer})`));
+        const where = `framebuffer status 0x${status.toString(16)}, renderer ${this._info.renderer}`;
+        // Every WebGL implementation renders into RGBA8 textures: an incomplete RGBA8 framebuffer
+        // means the device is gone (WebGL reports the context lost only later, and what was read
+        // back just before may be zeros).
+        throw this._lostOr(new GlcompError(texs[0].__format === "rgba8"
+          ? `the RGBA8 render targets ${fmtList(texs.map((t) => t.__name))} cannot be drawn into (${where}): `
+            + "the WebGL context is most likely lost (a GPU reset, e.g. after a stall); results read back "
+            + "just before this may be wrong"
+          : `float render targets are not supported here (${where})`));
       }
       this._completeFbos.add(signature);
     }
