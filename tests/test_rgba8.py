@@ -524,9 +524,13 @@ def test_incomplete_rgba8_framebuffer_is_reported_as_a_lost_device(
         msg = _js(
             pg,
             """
-          const rt = await g.Runtime.load(arg.base, { quiet: true });
-          try { await rt.trainStep({ x: arg.x, y: arg.y }); return null; }
-          catch (err) { return err.message; } finally { rt.dispose(); }
+          // Framebuffers are made (and checked) at load: the error may come from load or a step.
+          let rt = null;
+          try {
+            rt = await g.Runtime.load(arg.base, { quiet: true });
+            await rt.trainStep({ x: arg.x, y: arg.y });
+            return null;
+          } catch (err) { return err.message; } finally { if (rt) rt.dispose(); }
         """,
             {"base": f"/bundle/{name}/", "x": feeds["x"].ravel().tolist(), "y": y.tolist()},
         )
