@@ -31,6 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import digits_cnn
 import numpy as np
 
 import glcomp
@@ -43,32 +44,13 @@ BATCH = 16  # the page's batches: a user's few examples, sampled with replacemen
 
 def model() -> nn.Module:
     """The network of examples/digits_cnn.py: two conv blocks and a linear classifier over 10 classes."""
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(32 * 2 * 2, 10),
-    )
+    return digits_cnn.model()
 
 
 def digits(seed: int = 0) -> dict[str, np.ndarray]:
-    """scikit-learn's 8x8 digits as (N, 1, 8, 8) float32 in [0, 1] and int64 labels, split 80/20."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
-    y = d.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
-    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
-
-
-def accuracy(logits: np.ndarray, y: np.ndarray) -> float:
-    return float(np.mean(np.argmax(logits, axis=1) == y))
+    """scikit-learn's 8x8 digits as (N, 1, 8, 8) float32 in [0, 1] and integer labels, split 80/20
+    (examples/digits_cnn.py's split)."""
+    return digits_cnn.data(seed)
 
 
 def evaluate(runtime: object, x: np.ndarray, y: np.ndarray, batch: int) -> float:

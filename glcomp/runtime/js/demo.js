@@ -5,7 +5,7 @@
 // points of a character model's tokens), the page samples text from the model after each epoch.
 // Query parameters: bundle (default "bundle/"), data, epochs, steps (per epoch, at most), lr,
 // seed, sample (characters to generate, default 200), autostart=1.
-import { GlcompError, Runtime, nextTask, parseSafetensors } from "./glcomp.js";
+import { GlcompError, Runtime, downloadBytes, nextTask, parseSafetensors } from "./glcomp.js";
 
 const params = new URLSearchParams(location.search);
 const bundleUrl = params.get("bundle") || "bundle/";
@@ -343,14 +343,7 @@ async function main() {
   $("stop").onclick = () => { stopRequested = true; };
   $("download").onclick = () => {
     if (!trained) return;
-    const blob = new Blob([rt.exportSafetensors()], { type: "application/octet-stream" });
-    const a = document.createElement("a");
-    a.href = URL.createObjectURL(blob);
-    a.download = "weights.safetensors";
-    document.body.appendChild(a);
-    a.click();
-    a.remove();
-    setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+    downloadBytes(rt.exportSafetensors(), "weights.safetensors");
   };
   demo.status = "ready";
   $("start").disabled = false;

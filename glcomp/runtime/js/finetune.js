@@ -4,7 +4,7 @@
 // data.safetensors beside the bundle (optional) gives held-out test images (x_test, y_test) and a
 // few sample examples (x_train, y_train). Query parameters: bundle (default "bundle/"), data.
 // What a test can drive: window.glcompFinetune.
-import { GlcompError, Runtime, parseSafetensors } from "./glcomp.js";
+import { GlcompError, Runtime, downloadBytes, parseSafetensors } from "./glcomp.js";
 
 const params = new URLSearchParams(location.search);
 const bundleUrl = params.get("bundle") || "bundle/";
@@ -270,16 +270,7 @@ async function main() {
     const p = await api.predict(pad.read());
     $("probs").textContent = p.map((v, c) => `${c} ${"#".repeat(Math.round(20 * v)).padEnd(20)} ${(100 * v).toFixed(1)}%`).join("\n");
   });
-  $("export").onclick = () => {
-    const blob = new Blob([rt.exportSafetensors()], { type: "application/octet-stream" });
-    const a = document.createElement("a");
-    a.href = URL.createObjectURL(blob);
-    a.download = "finetuned.safetensors";
-    document.body.appendChild(a);
-    a.click();
-    a.remove();
-    setTimeout(() => URL.revokeObjectURL(a.href), 1000);
-  };
+  $("export").onclick = () => downloadBytes(rt.exportSafetensors(), "finetuned.safetensors");
   state.status = "ready";
   $("add").disabled = false;
   $("predict").disabled = false;

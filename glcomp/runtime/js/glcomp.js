@@ -18,6 +18,6 @@ export {
   shaderLoopBound, texelSpan, textureFormat, validateManifest,
 } from "./manifest.js";
 export {
-  checkFeeds, checkInput, loadBundle, pack, parseJson, parseSafetensors, sha256, sha256Sync, unpack, writeSafetensors,
+  checkFeeds, checkInput, downloadBytes, loadBundle, pack, parseJson, parseSafetensors, sha256, sha256Sync, unpack, writeSafetensors,
 } from "./io.js";
 export { PRESETS, Runtime } from "./runtime.js";

@@ -502,3 +502,14 @@ export async function loadBundle(source, options = {}) {
   return { manifest, shaders, weights, counters };
 }
 
+
+/** Offer `bytes` to the user as a file named `filename` (a browser download). */
+export function downloadBytes(bytes, filename) {
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" }));
+  a.download = filename;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+}
