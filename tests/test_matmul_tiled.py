@@ -213,3 +213,80 @@ def test_tiled_matmul_with_fused_epilogue(form: str, force: Any, gl_runtime: Any
         for _ in range(2):
             np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=RTOL)
         np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=RTOL, atol=ATOL)
+
+
+# -- split K ----------------------------------------------------------------------------------------
+@pytest.fixture
+def split_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split K from 4 steps of 4 on (the default: 256 steps into at most 256 output texels)."""
+    monkeypatch.setattr(tiled, "LONG_STEPS", 4)
+
+
+def split_counts(prog: glcomp.Program) -> list[int]:
+    """S of every split-K gather shader of the bundle."""
+    out = []
+    for src in build_bundle(prog).shaders.values():
+        for line in src.splitlines():
+            if line.startswith("// register-blocked matmul: gather") and "chunks of K" in line:
+                out.append(int(line.split("the sum of ")[1].split(" ")[0]))
+    return out
+
+
+@pytest.mark.parametrize(
+    "form, m, k, n, chunks",
+    [
+        ("stored", 3, 64, 10, 4),  # 16 steps: 4 chunks of 4 texels
+        ("linear", 5, 40, 7, 2),  # 10 steps: 2 chunks of 5 texels (10 is not a multiple of 4)
+        ("linear", 2, 96, 5, 4),
+    ],
+)
+def test_split_k_matches_reference(form, m, k, n, chunks, split_small: None, gl_runtime: Any):
+    """Partial products over chunks of K, added by the gather, equal the one-loop product."""
+    prog = glcomp.compile(Product(k, n, form), {"x": (m, k)}, loss=SumLoss(), target="webgl2")
+    assert chunks in split_counts(prog)
+    check(prog, gl_runtime, (m, n), seed=k)
+
+
+def test_split_k_with_nested_loops(split_small: None, gl_runtime: Any):
+    """A loop limit of 2 nests both the block draw's and the gather's loops."""
+    prog = glcomp.compile(
+        Product(64, 9, "linear"), {"x": (3, 64)}, loss=SumLoss(), target="webgl2", max_loop_iterations=2
+    )
+    assert split_counts(prog)
+    check(prog, gl_runtime, (3, 9))
+
+
+class FlatLinear(nn.Module):
+    """A Linear after a Flatten: A is a reshape of a stored (m, c, h, w) input."""
+
+    def __init__(self, features: int, n: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(features, n)
+
+    def forward(self, x: Any) -> Any:
+        return self.fc(x.reshape(x.shape[0], -1))
+
+
+@pytest.mark.parametrize("w, split", [(8, True), (6, False)])
+def test_split_k_reads_a_flatten_in_place(w: int, split: bool, gl_runtime: Any):
+    """A Linear into 10 classes from 1024 features (the default thresholds) splits K and reads the
+    flattened input texel by texel when its last axis is whole texels (8); with 6 it does not."""
+    glcomp.manual_seed(0)
+    prog = glcomp.compile(FlatLinear(8 * 16 * w, 10), {"x": (4, 8, 16, w)}, loss=SumLoss(), target="webgl2")
+    assert bool(split_counts(prog)) == split
+    check(prog, gl_runtime, (4, 10))
+
+
+@pytest.mark.parametrize(
+    "m, k, n, want",
+    [
+        (16, 4096, 10, (1, 1, 32)),  # conv_seed's Linear: 40 texels, 1024 steps -> 32 chunks of 32
+        (16, 1000, 10, None),  # 250 steps: one loop, and too small to tile
+        (64, 4096, 64, (8, 1, 1)),  # 1024 output texels: enough fragments, register-blocked
+        (16, 4098, 10, None),  # K not a multiple of 4: never split
+    ],
+)
+def test_split_k_choice(m, k, n, want):
+    g, kernel, layouts = _matmul_kernel(m, k, n)
+    t = tiled.choose_tiling(g, kernel, layouts, make_target("webgl2", max_draw_buffers=8))
+    assert (None if t is None else (t.R, t.C, t.S)) == want

@@ -7,10 +7,18 @@ texels it fetches are shared by the whole block, (R + 4 C) fetches per 16 R C mu
 cheap second draw ("gather") copies the tiles into the product's normal packed layout, so readers
 see an ordinary texture.
 
+Split K. A product with few output texels and a long K (a Linear into ten classes from 4096
+features: 40 texels, 1024 steps of 4) runs serially in a handful of fragments, almost no parallelism
+on any GPU. Its block draw is split over `S` chunks of K: the tiles hold S partial products per
+output texel (chunk s in the grid's rows s * fh ... (s + 1) * fh - 1) and the gather adds them up, so
+both draws loop about sqrt(K / 4) times in many fragments.
+
 Chosen per kernel by `choose_tiling`: a kernel whose only root is a matmul of two stored
-single-page textures (A, and B or the transpose of a stored W), on a GLSL ES 3.00 target with at
-least 2 draw buffers, when the fetches saved outweigh the extra draw. The block shape is the one
-with the fewest fetches per output texel among those fitting the target's draw buffers.
+single-page textures (A, or a reshape of a stored texture in the same texel order, and B or the
+transpose of a stored W), on a GLSL ES 3.00 target with at least 2 draw buffers, when the fetches
+saved outweigh the extra draw; the block shape is the one with the fewest fetches per output texel
+among those fitting the target's draw buffers. A product with at most `FEW_TEXELS` output texels and
+at least `LONG_STEPS` steps of K is split over K instead (1 x 1 blocks, chunks of whole texels).
 Guarantee: the tiled draws compute every output element as the same dot products over K as the
 reference (summation order aside), and components past the row end are exactly zero.
 """
@@ -33,12 +41,17 @@ from glcomp.ir.ops import get_op
 SHAPES = ((8, 1), (4, 2), (4, 1), (2, 2), (2, 1))
 # The gather pass's work per output texel, in texel fetches (one fetch, one write).
 GATHER_FETCHES = 2
+# Split K: a product with at most FEW_TEXELS output texels and at least LONG_STEPS steps of 4 along K
+# loops serially in too few fragments (the thresholds of glcomp.ir.passes.split_reductions, in texels).
+FEW_TEXELS = 256
+LONG_STEPS = 256
 
 
 @dataclass(frozen=True)
 class Tiling:
     """How one matmul kernel is tiled: product `node` = A @ B with B the stored texture `b`
-    (form "b") or the transpose of stored W `b` (form "w"); R x C output texels per fragment."""
+    (form "b") or the transpose of stored W `b` (form "w"); R x C output texels per fragment;
+    K split into `S` chunks (1: not split), their partial products added by the gather."""
 
     node: int
     a: int
@@ -49,17 +62,19 @@ class Tiling:
     M: int
     K: int
     N: int
+    S: int = 1
 
     @property
     def grid(self) -> tuple[int, int]:
-        """Fragments across and down the block grid: (column texel groups, row groups)."""
+        """Fragments across and down the block grid of one chunk of K: (column texel groups,
+        row groups)."""
         return -(-math.ceil(self.N / 4) // self.C), -(-self.M // self.R)
 
     def tile_layout(self, max_size: int) -> Layout:
         """Each tile's texture: the grid's texels in row-major order, packed like a tensor of
-        (row groups, 4 x column texel groups) (power-of-two sides, as every bundle texture)."""
+        (S * row groups, 4 x column texel groups) (power-of-two sides, as every bundle texture)."""
         fw, fh = self.grid
-        return layout_for((fh, 4 * fw), max_size)
+        return layout_for((self.S * fh, 4 * fw), max_size)
 
     @property
     def tiles(self) -> list[int]:
@@ -76,6 +91,28 @@ def _stored(n: int, kernel: Kernel, layouts: dict[int, Layout]) -> bool:
     return n in kernel.leaves and layouts[n].pages == 1
 
 
+def _texel_view(graph: Graph, n: int) -> int | None:
+    """The operand of reshape `n` when both keep a last axis of whole texels (a multiple of 4):
+    texel t of `n` is then texel t of its operand (a Flatten before a Linear); else None."""
+    if get_op(graph.op(n)).view is None or graph.op(n) != "reshape":
+        return None
+    (src,) = graph.operands(n)
+    return src if graph.shape(n)[-1] % 4 == 0 and graph.shape(src)[-1] % 4 == 0 else None
+
+
+def split_chunks(m: int, k: int, cols: int) -> int:
+    """How many chunks of K an (m, k) @ (k, cols) product is split into: 1 unless it has at most
+    FEW_TEXELS output texels and LONG_STEPS steps of K; then a power of two S dividing K / 4,
+    about sqrt(K / 4), so the block draw loops K / 4S and the gather S times."""
+    steps = k // 4
+    if k % 4 or m * math.ceil(cols / 4) > FEW_TEXELS or steps < LONG_STEPS:
+        return 1
+    s = 1 << (max(0, (steps - 1).bit_length()) // 2)
+    while steps % s:
+        s //= 2
+    return s
+
+
 def choose_tiling(
     graph: Graph, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
 ) -> Tiling | None:
@@ -89,17 +126,26 @@ def choose_tiling(
     if get_op(graph.op(n)).kind != "matmul" or layouts[n].pages != 1:
         return None
     a, b = graph.operands(n)
-    form = "b"
-    if kernel.body:
-        # Only the transpose of a stored W may be fused (x @ W.T of a Linear layer).
-        view = get_op(graph.op(b)).view
-        if kernel.body != [b] or view is None or view(graph.attrs(b)) != "transpose":
-            return None
+    (m, k), cols = graph.shape(a), graph.shape(n)[1]
+    chunks = split_chunks(m, k, cols)
+    form, fused = "b", []
+    # Only the transpose of a stored W (x @ W.T of a Linear layer) may be fused, and, when K is
+    # split, a reshape of a stored A in the same texel order (a Flatten before a Linear).
+    view = get_op(graph.op(b)).view
+    if b in kernel.body and view is not None and view(graph.attrs(b)) == "transpose":
+        fused.append(b)
         b, form = graph.operands(b)[0], "w"
+    src = _texel_view(graph, a) if a in kernel.body and chunks > 1 else None
+    if src is not None:
+        fused.append(a)
+        a = src
+    if sorted(kernel.body) != sorted(fused):
+        return None
     if not (_stored(a, kernel, layouts) and _stored(b, kernel, layouts)):
         return None
-    (m, k), cols = graph.shape(a), graph.shape(n)[1]
     rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
+    if chunks > 1:
+        return Tiling(n, a, b, form, 1, 1, m, k, cols, chunks)
     today = cost.fetches(m * rt * k4 * fetches_per_texel(1, 1))
     best: tuple[float, int, int] | None = None
     for r, c in SHAPES:
@@ -191,12 +237,13 @@ def render_tiled(
         "M": t.M,
         "K": t.K,
         "N": t.N,
+        "S": t.S,
         "form": t.form,
         "max_loop": target.max_loop_iterations,
     }
     template = environment().get_template("matmul_tiled.frag.j2")
     tile = t.tile_layout(target.max_texture_size)
-    common |= {"fw": tile.row_texels, "tile_texels": tile.texels, "tile_tex": _tex(tile)}
+    common |= {"fw": tile.row_texels, "fh": t.grid[1], "tile_texels": tile.texels, "tile_tex": _tex(tile)}
     block = template.render(
         common
         | {
@@ -206,7 +253,7 @@ def render_tiled(
             "samplers": [sa, sb],
             "s_a": sa,
             "s_b": sb,
-            "a_tex": _tex(layouts[t.a]),
+            "a_tex": _tex(layouts[t.a]) | {"rt": math.ceil(t.K / 4)},  # A may be a view of t.a
             "b_tex": _tex(layouts[t.b]),
         }
     )
