@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 import glcomp
 from glcomp import nn, optim
 from glcomp.codegen.bundle import PASSES, build_bundle
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import layout_for
-from glcomp.codegen.mrt import mrt_fusion
-from glcomp.codegen.plan import Kernel
+from glcomp.codegen.passes.mrt import mrt_fusion
 from glcomp.codegen.target import make_target
 
 RTOL = 1e-4  # relative to each element

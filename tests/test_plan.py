@@ -17,10 +17,10 @@ from glcomp import nn, optim
 from glcomp.codegen import bundle
 from glcomp.codegen.bundle import build_bundle, entry_plan
 from glcomp.codegen.kernel_plan import KernelPlan, check_plan
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import layout_for
 from glcomp.codegen.options import PASSES, CompileOptions
 from glcomp.codegen.pipeline import PASS_NAMES, PIPELINE
-from glcomp.codegen.plan import Kernel
 from glcomp.codegen.target import make_target
 from glcomp.ir.graph import Graph
 

@@ -1,7 +1,8 @@
 """The kernel plan of one entry point: what the code generator has decided so far, as a value.
 
-A `KernelPlan` is frozen: each pass of glcomp.codegen.pipeline takes one and returns a new one
-(``dataclasses.replace``), never changing the plan it was given. It holds the IR graph, its
+A `KernelPlan` is frozen: each pass of glcomp.codegen.pipeline (one module each under
+glcomp.codegen.passes) takes one and returns a new one (``dataclasses.replace``), never changing
+the plan it was given. It holds the IR graph, its
 topological order (computed once, when the graph stops changing), the texture layout of every
 node, the stored values (each with the reason it is stored), the kernels in execution order, the
 blend plan (which kernel results are added into which sum's texture) and the memory plan (which
@@ -17,15 +18,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout, layout_for
-from glcomp.codegen.memplan import Slot
-from glcomp.codegen.plan import Kernel
 from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
 from glcomp.codegen.target import Target
 from glcomp.codegen.tiled import Tiling
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
+
+Slot = tuple[tuple[int, int], int]  # a texture: (size, index among the textures of that size)
 
 
 def _empty() -> Mapping[Any, Any]:
@@ -41,7 +43,7 @@ def frozen(mapping: Mapping[Any, Any]) -> Mapping[Any, Any]:
 class KernelPlan:
     """One entry point's code-generation plan (see the module docstring).
 
-    `stored` maps every value kept in a texture to why (glcomp.codegen.plan: "input", "output",
+    `stored` maps every value kept in a texture to why (glcomp.codegen.kernels: "input", "output",
     "state", "loop", "multi-reader", "loop-operand", "unfused", "texture-units"); `into` sends a
     kernel result to the texture of the sum it is added into (blending), `blended` names the
     kernels that add rather than overwrite; `memory` gives each temporary one texture slot per
