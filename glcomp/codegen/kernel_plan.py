@@ -2,12 +2,12 @@
 
 A `KernelPlan` is frozen: each pass of glcomp.codegen.pipeline (one module each under
 glcomp.codegen.passes) takes one and returns a new one (``dataclasses.replace``), never changing
-the plan it was given. It holds the IR graph, its
-topological order (computed once, when the graph stops changing), the texture layout of every
-node, the stored values (each with the reason it is stored), the kernels in execution order, the
-blend plan (which kernel results are added into which sum's texture) and the memory plan (which
-texture slot each temporary takes). ``str(plan)`` prints one line per kernel, stable enough for
-golden tests; `check_plan` states the plan's invariants and checks them.
+the plan it was given. It holds the IR graph, its topological order (computed once, when the
+graph stops changing), the texture layout of every node, the stored values (each with the reason
+it is stored), the kernels in execution order, the blend plan (which kernel results are added
+into which sum's texture) and the memory plan (which texture slot each temporary takes).
+``str(plan)`` prints one line per kernel (before kernels are formed: one line per graph node),
+stable enough for golden tests; `check_plan` states the plan's invariants and checks them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from glcomp.codegen.tiled import Tiling
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
+from glcomp.ir.printer import format_node
 
 Slot = tuple[tuple[int, int], int]  # a texture: (size, index among the textures of that size)
 
@@ -172,7 +173,8 @@ class KernelPlan:
         """One kernel as one line: name, template, viewport (width x height, x pages), targets
         (each with why it is stored, ``->%sum`` when blended into a sum, ``@`` its texture: a
         state or the memory plan's slots, size#index), leaves read (``%n:name`` for inputs),
-        fused node count, loop iterations per invocation, ``blend`` when it adds."""
+        fused node count, loop iterations per invocation, ``blend`` when it adds, ``tiled RxC``
+        when it runs register-blocked (R rows x C column texels a fragment)."""
         state_out = self.state_out() if state_out is None else state_out
         parts = [kernel.name, kernel.template]
         if self.layouts:
@@ -184,6 +186,9 @@ class KernelPlan:
         parts.append(f"loops {self.loop_iterations(kernel)}")
         if kernel.name in self.blended:
             parts.append("blend")
+        if kernel.name in self.tilings:
+            t = self.tilings[kernel.name]
+            parts.append(f"tiled {t.R}x{t.C}")
         return " ".join(parts)
 
     def __str__(self) -> str:
@@ -193,8 +198,26 @@ class KernelPlan:
         )
         if self.memory:
             head += f", {len({s for slots in self.memory.values() for s in slots})} texture slots"
+        if not self.kernels:  # before kernels are formed: the graph, a node a line
+            return "\n".join([head, *self._graph_lines()])
         state_out = self.state_out()
         return "\n".join([head, *(self.kernel_line(k, state_out) for k in self.kernels)])
+
+    def _graph_lines(self) -> list[str]:
+        """The graph as glcomp.ir.printer prints it (topological order), each node prefixed with
+        its texture layout (width x height, x pages) once the layout pass has run."""
+        g = self.graph
+        lines = []
+        for n in self.order or g.topo():
+            lay = self.layouts.get(n)
+            where = (
+                ""
+                if lay is None
+                else f"{lay.width}x{lay.height}" + (f"x{lay.pages}" if lay.pages > 1 else "")
+            )
+            lines.append(f"{where} {format_node(g, n)}".strip())
+        lines.append("return " + ", ".join(f"{k}=%{v}" for k, v in g.outputs.items()))
+        return lines
 
 
 def check_plan(plan: KernelPlan) -> None:
