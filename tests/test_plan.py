@@ -22,7 +22,7 @@ from glcomp.codegen.kernel_plan import KernelPlan, check_plan
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import layout_for
 from glcomp.codegen.options import PASSES, CompileOptions
-from glcomp.codegen.pipeline import PASS_NAMES, PIPELINE
+from glcomp.codegen.pipeline import PASS_NAMES, PIPELINE, run_pipeline
 from glcomp.codegen.target import make_target
 
 
@@ -230,6 +230,17 @@ def test_dump_after_prints_the_plan(capsys: Any) -> None:
     assert capsys.readouterr().out == ""
     build_bundle(prog, dump_after="fusion")
     assert "plan gradients after fusion" in capsys.readouterr().out
+
+
+def test_run_pipeline_until_a_pass_stops_there() -> None:
+    plan = entry_plan(_program(nn.Linear(4, 3), {"x": (2, 4)}), "predict")
+    dumped: list[str] = []
+    layout = run_pipeline(plan, dump_after="layout", check=True, dump=dumped.append, until="layout")
+    assert layout.done == PASS_NAMES[: PASS_NAMES.index("layout") + 1] and not layout.kernels
+    assert dumped == [str(layout)]
+    assert run_pipeline(plan).done == PASS_NAMES
+    with pytest.raises(glcomp.GlcompError, match=r"until: unknown pass 'fusions'"):
+        run_pipeline(plan, until="fusions")
 
 
 def test_unknown_dump_name_lists_the_passes() -> None:

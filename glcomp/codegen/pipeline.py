@@ -89,14 +89,19 @@ def run_pipeline(
     dump_after: str | None = None,
     check: bool = False,
     dump: Callable[[str], None] = print,
+    until: str | None = None,
 ) -> KernelPlan:
-    """Run every pass of PIPELINE on `plan`, in order. With `check`, `check_plan` runs after each
-    pass; `dump` gets ``str(plan)`` after the pass named `dump_after`."""
+    """Run every pass of PIPELINE on `plan`, in order (with `until`, the passes up to and
+    including the one of that name). With `check`, `check_plan` runs after each pass; `dump`
+    gets ``str(plan)`` after the pass named `dump_after`. Unknown names raise GlcompError."""
     check_pass_name(dump_after)
+    check_pass_name(until, "until")
     for p in PIPELINE:
         plan = p.run(plan).replace(done=(*plan.done, p.name))
         if check:
             check_plan(plan)
         if p.name == dump_after:
             dump(str(plan))
+        if p.name == until:
+            break
     return plan
