@@ -296,12 +296,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    """Print the kernel plan of a model (compiled here) or of a saved bundle."""
+    """Print the kernel plan of a model (compiled here) or of a saved bundle: its draws, or with
+    --dump-after each entry point's plan after that pass."""
     import glcomp
     from glcomp import nn, optim
+    from glcomp.codegen.pipeline import check_pass_name
 
+    if args.dump_after is not None:
+        check_pass_name(args.dump_after, "--dump-after")  # before any compiling
     if Path(args.model).is_dir():
-        print(glcomp.load(args.model).explain())
+        print(glcomp.load(args.model).explain(args.dump_after))
         return 0
     inputs = parse_shapes(args.input)
     if args.optimizer and not args.loss:
@@ -309,7 +313,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     loss = getattr(nn, LOSSES[args.loss])() if args.loss else None
     opt = getattr(optim, OPTIMIZERS[args.optimizer])(lr=args.lr) if args.optimizer else None
-    print(glcomp.compile(model, inputs, loss, opt, target=args.target).explain())
+    print(glcomp.compile(model, inputs, loss, opt, target=args.target).explain(args.dump_after))
     return 0
 
 
@@ -734,6 +738,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="explain a train_step entry point")
     p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    p.add_argument(
+        "--dump-after",
+        metavar="PASS",
+        help="print each entry point's kernel plan after this code-generation pass instead "
+        "(e.g. fold_views, fusion, mrt, memplan; an unknown name lists them all)",
+    )
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("run", help="run a bundle's predict on .npy inputs")

@@ -152,11 +152,16 @@ class Program:
         weights, program.json), atomically: see `Bundle.save`. `glcomp.load` reads it back."""
         return self.bundle().save(directory)
 
-    def explain(self) -> str:
+    def explain(self, dump_after: str | None = None) -> str:
         """The lowered program as text: per entry point each draw with its kernel, program,
-        targets, viewport and estimated work (largest first), then texture memory."""
-        from glcomp.codegen.explain import explain
+        targets, viewport and estimated work (largest first), then texture memory. With
+        `dump_after` (a pass of glcomp.codegen.pipeline.PASS_NAMES): instead each entry point's
+        kernel plan after that pass (glcomp.codegen.explain.plans_after); GlcompError listing the
+        passes for an unknown name."""
+        from glcomp.codegen.explain import explain, plans_after
 
+        if dump_after is not None:
+            return plans_after(self, dump_after)
         lowered = self._lowered()
         return explain(lowered.manifest, lowered.shaders)
 

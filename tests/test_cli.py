@@ -296,3 +296,32 @@ def test_explain_model_and_bundle(
     assert f"train_step: {n} draws" in capsys.readouterr().out
     assert main(["explain", f"{model_file}:net", "--input", "x=8,4", "--optimizer", "sgd"]) == 2
     _error(capsys)
+
+
+def test_explain_dump_after_prints_the_plans_after_a_pass(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--dump-after PASS`` prints each entry point's kernel plan after that pass (the passes
+    after it do not run), for a model and for a saved bundle alike; an unknown pass name is an
+    error that lists the passes, before anything is compiled."""
+    args = [f"{model_file}:net", "--input", "x=8,4", "--loss", "cross_entropy"]
+    assert main(["explain", *args, "--dump-after", "fusion"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("plan ") == 2 and "plan predict after fusion: " in text
+    assert "plan gradients after fusion: " in text and " writes %" in text and "@" not in text  # no memplan
+    prog = glcomp.compile(load_model(f"{model_file}:net"), {"x": (8, 4)}, glcomp.nn.CrossEntropyLoss())
+    assert text == prog.explain(dump_after="fusion") + "\n"
+    prog.save(tmp_path / "b")
+    assert main(["explain", str(tmp_path / "b"), "--dump-after", "memplan"]) == 0
+    assert "plan gradients after memplan: " in capsys.readouterr().out
+    assert main(["explain", *args, "--dump-after", "fuse"]) == 2
+    assert _error(capsys) == (
+        "error: --dump-after: unknown pass 'fuse'; passes in order: ['pushdown', 'fold_views', "
+        "'split_reductions', 'split_weight_grads', 'split_wide', 'isolate_states', 'layout', 'fusion', "
+        "'epilogue', 'texture_units', 'mrt', 'blend', 'tiling', 'memplan']"
+    )
+    with pytest.raises(glcomp.GlcompError, match=r"dump_after: unknown pass 'fuse'; passes in order"):
+        prog.explain(dump_after="fuse")
+    prog.graphs = {}
+    with pytest.raises(glcomp.GlcompError, match=r"without IR graphs .* no kernel plans to dump"):
+        prog.explain(dump_after="fusion")

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 import glcomp
 from glcomp import nn, optim
-from glcomp.codegen import tiled
 from glcomp.codegen.bundle import PASSES, build_bundle
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import layout_for
-from glcomp.codegen.mrt import mrt_fusion
-from glcomp.codegen.plan import Kernel
+from glcomp.codegen.passes import tiling
+from glcomp.codegen.passes.mrt import mrt_fusion
 from glcomp.codegen.target import make_target
 
 RTOL = 1e-4  # relative to each element
@@ -160,12 +160,12 @@ def _slot(name: str) -> str:
 
 def check_model(spec: Spec, gl_runtime: Any) -> None:
     """GL == reference for `gradients` and three `train_step`s of `spec` (each step from equal states)."""
-    default = tiled.LONG_STEPS
-    tiled.LONG_STEPS = spec.split_steps or default
+    default = tiling.LONG_STEPS
+    tiling.LONG_STEPS = spec.split_steps or default
     try:
         _check_model(spec, gl_runtime)
     finally:
-        tiled.LONG_STEPS = default
+        tiling.LONG_STEPS = default
 
 
 def _check_model(spec: Spec, gl_runtime: Any) -> None:

@@ -2,8 +2,9 @@
 
 An unrolled LSTM stacks one output per time step and sums one weight-gradient term per step; a
 kernel may sample only `max_texture_units` texture pages (16 on portable WebGL 2). Wide concats
-become trees of gathers (glcomp/codegen/split_wide.py) and long fused sums are cut into kernels
-that each fit (glcomp/codegen/plan.py); these tests check both against the numpy reference.
+become trees of gathers (glcomp/codegen/passes/split_wide.py) and long fused sums are cut into
+kernels that each fit (glcomp/codegen/passes/texture_units.py); these tests check both against the
+numpy reference.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import glcomp
 from glcomp import nn, optim
 from glcomp.codegen.bundle import Bundle, build_bundle
 from glcomp.codegen.layout import layout_for
-from glcomp.codegen.split_wide import split_wide
+from glcomp.codegen.passes.split_wide import split_wide_graph
 from glcomp.codegen.target import make_target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
@@ -151,7 +152,7 @@ def _wide_concat_graph(parts: int, shape: tuple[int, ...]) -> Graph:
 def test_split_wide_keeps_every_node_within_the_limit(units: int, size: int) -> None:
     """Every node reads at most `units` pages (multi-page operands counted) and values are unchanged."""
     graph = _wide_concat_graph(37, (3, 5))
-    out = split_wide(graph, make_target("webgl2", max_texture_units=units, max_texture_size=size))
+    out = split_wide_graph(graph, make_target("webgl2", max_texture_units=units, max_texture_size=size))
     out.validate()
     for n in out.nodes():
         reads = sum(layout_for(out.shape(o), size).pages for o in set(out.operands(n)))

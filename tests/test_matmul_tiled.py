@@ -1,4 +1,5 @@
-"""Register-blocked (tiled) matmul kernels against the reference (glcomp/codegen/tiled.py).
+"""Register-blocked (tiled) matmul kernels against the reference (glcomp/codegen/passes/tiling.py
+chooses them, glcomp/codegen/tiled.py renders them).
 
 The cost model keeps small products on the one-texel kernel, so these tests force tiling (no draw
 or gather cost, one block shape at a time) on small shapes with M, N and K not multiples of the
@@ -17,10 +18,11 @@ import pytest
 
 import glcomp
 from glcomp import nn
-from glcomp.codegen import cost, tiled
+from glcomp.codegen import cost
 from glcomp.codegen.bundle import build_bundle, load_bundle
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import layout_for
-from glcomp.codegen.plan import Kernel
+from glcomp.codegen.passes import tiling
 from glcomp.codegen.target import make_target
 from glcomp.ir.graph import Graph
 
@@ -53,9 +55,9 @@ def force(monkeypatch: pytest.MonkeyPatch) -> Any:
     """force((R, C)): tile every eligible matmul with that block shape, whatever its size."""
 
     def apply(shape: tuple[int, int]) -> None:
-        monkeypatch.setattr(tiled, "SHAPES", (shape,))
+        monkeypatch.setattr(tiling, "SHAPES", (shape,))
         monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
-        monkeypatch.setattr(tiled, "GATHER_FETCHES", 0)
+        monkeypatch.setattr(tiling, "GATHER_FETCHES", 0)
 
     return apply
 
@@ -174,7 +176,7 @@ def _matmul_kernel(m: int, k: int, n: int) -> tuple[Graph, Kernel, dict[int, Any
 )
 def test_cost_model_choice(m, k, n, target, limits, want):
     g, kernel, layouts = _matmul_kernel(m, k, n)
-    t = tiled.choose_tiling(g, kernel, layouts, make_target(target, **limits))
+    t = tiling.choose_tiling(g, kernel, layouts, make_target(target, **limits))
     assert (None if t is None else (t.R, t.C)) == want
 
 
@@ -219,7 +221,7 @@ def test_tiled_matmul_with_fused_epilogue(form: str, force: Any, gl_runtime: Any
 @pytest.fixture
 def split_small(monkeypatch: pytest.MonkeyPatch) -> None:
     """Split K from 4 steps of 4 on (the default: 256 steps into at most 256 output texels)."""
-    monkeypatch.setattr(tiled, "LONG_STEPS", 4)
+    monkeypatch.setattr(tiling, "LONG_STEPS", 4)
 
 
 def split_counts(prog: glcomp.Program) -> list[int]:
@@ -288,5 +290,5 @@ def test_split_k_reads_a_flatten_in_place(w: int, split: bool, gl_runtime: Any):
 )
 def test_split_k_choice(m, k, n, want):
     g, kernel, layouts = _matmul_kernel(m, k, n)
-    t = tiled.choose_tiling(g, kernel, layouts, make_target("webgl2", max_draw_buffers=8))
+    t = tiling.choose_tiling(g, kernel, layouts, make_target("webgl2", max_draw_buffers=8))
     assert (None if t is None else (t.R, t.C, t.S)) == want

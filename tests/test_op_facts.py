@@ -30,12 +30,12 @@ CODEGEN = Path(glcomp.__file__).parent / "codegen"
 
 # String literals equal to an op name that a codegen module may hold, each for a reason that is
 # not a per-op kernel fact. split_wide is a graph rewrite of concat and slice themselves (it builds
-# and matches those nodes; it renders nothing); plan labels why a value is stored ("input").
+# and matches those nodes; it renders nothing); kernels.py labels why a value is stored ("input").
 ALLOWED = {
-    ("split_wide.py", "concat"): "split_wide rewrites concat trees",
-    ("split_wide.py", "slice"): "split_wide narrows slices of concats",
-    ("plan.py", "input"): "the label of a storage reason (KernelPlan.stored), not an op test",
-    ("tiled.py", "matmul"): "the kernel family (Op.kind) the blocked kernel replaces, not an op name",
+    ("passes/split_wide.py", "concat"): "split_wide rewrites concat trees",
+    ("passes/split_wide.py", "slice"): "split_wide narrows slices of concats",
+    ("kernels.py", "input"): "the label of a storage reason (KernelPlan.stored), not an op test",
+    ("passes/tiling.py", "matmul"): "the kernel family (Op.kind) the blocked kernel replaces, not an op name",
 }
 
 LOOP_KINDS = ("reduce", "matmul", "conv", "pool")
@@ -57,12 +57,15 @@ def test_scan_finds_op_names_in_branches_and_tables():
     assert sorted(name for _, name in op_name_literals(source)) == ["conv2d", "exp", "log", "matmul"]
 
 
-@pytest.mark.parametrize("path", sorted(CODEGEN.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(CODEGEN.rglob("*.py")), ids=lambda p: p.relative_to(CODEGEN).as_posix()
+)
 def test_codegen_names_no_op(path: Path):
+    name = path.relative_to(CODEGEN).as_posix()
     found = [
-        f"{path.name}:{line}: {name!r}"
-        for line, name in op_name_literals(path.read_text())
-        if (path.name, name) not in ALLOWED
+        f"{name}:{line}: {op!r}"
+        for line, op in op_name_literals(path.read_text())
+        if (name, op) not in ALLOWED
     ]
     assert not found, "codegen branches on op names (move the fact into the op's record):\n" + "\n".join(
         found

@@ -17,7 +17,7 @@ import glcomp
 from glcomp import nn, optim
 from glcomp.codegen.bundle import build_bundle
 from glcomp.ir.interpret import evaluate
-from glcomp.ir.passes import transpose_pushdown
+from glcomp.ir.passes import pushdown
 from glcomp.testing import random_graphs
 
 PASS_SETTINGS = [
@@ -249,7 +249,7 @@ def test_gradient_clipping(gl_runtime: Any, clip: dict[str, float]) -> None:
 @given(case=random_graphs())
 def test_transpose_pushdown_preserves_values(case: Any) -> None:
     before = evaluate(case.graph, case.feeds, np.float64)
-    graph = transpose_pushdown(case.graph)
+    graph = pushdown(case.graph)
     graph.validate()
     after = evaluate(graph, case.feeds, np.float64)
     for name, value in before.items():
@@ -259,7 +259,7 @@ def test_transpose_pushdown_preserves_values(case: Any) -> None:
 def test_transpose_pushdown_guarantee() -> None:
     glcomp.manual_seed(0)
     graph = _compile(Seq(), {}).graphs["gradients"]
-    out = transpose_pushdown(graph)
+    out = pushdown(graph)
     for n in out.nodes():
         if out.op(n) == "permute":
             (src,) = out.operands(n)

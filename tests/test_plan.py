@@ -1,12 +1,14 @@
-"""The kernel plan and the pipeline of passes: golden plans after each pass on small models,
+"""The kernel plan and the pipeline of passes: one name per pass (module, function, switch),
 `check_plan` after every pass on several models and pass settings (and on broken plans), no pass
 changing the plan it is given, ``dump_after=``, typed compile options, and codegen time growing
-about linearly with the model."""
+about linearly with the model. Each pass's golden plans are in tests/passes/test_<pass>.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,26 +16,14 @@ import pytest
 
 import glcomp
 from glcomp import nn, optim
-from glcomp.codegen import bundle
+from glcomp.codegen import bundle, passes
 from glcomp.codegen.bundle import build_bundle, entry_plan
 from glcomp.codegen.kernel_plan import KernelPlan, check_plan
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import layout_for
 from glcomp.codegen.options import PASSES, CompileOptions
-from glcomp.codegen.pipeline import PASS_NAMES, PIPELINE
-from glcomp.codegen.plan import Kernel
+from glcomp.codegen.pipeline import PASS_NAMES, PIPELINE, run_pipeline
 from glcomp.codegen.target import make_target
-from glcomp.ir.graph import Graph
-
-
-class Twice(nn.Module):
-    """One weight used twice: its gradient is a sum of two matmuls (blending's case)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.l = nn.Linear(4, 4, bias=False)
-
-    def forward(self, x: Any) -> Any:
-        return self.l(x) + self.l(x * 2.0)
 
 
 class Seq(nn.Module):
@@ -71,100 +61,6 @@ def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.strip().splitlines()]
 
 
-# -- golden plans -------------------------------------------------------------------------------
-
-
-def test_fusion_and_epilogue_golden() -> None:
-    plans = _plans(_program(nn.Linear(4, 3), {"x": (2, 4)}), "predict")
-    assert _lines(str(plans["layout"])) == ["plan predict after layout: 8 nodes, 0 stored, 0 kernels"]
-    assert _lines(str(plans["fusion"])) == _lines("""
-        plan predict after fusion: 8 nodes, 5 stored, 2 kernels
-        k0_matmul matmul 2x1 writes %4(loop) reads %0:x %1:weight fuses 1 loops 16
-        k1_add map 2x1 writes %7(output) reads %2:bias %4 fuses 2 loops 0
-    """)
-    assert _lines(str(plans["epilogue"])) == _lines("""
-        plan predict after epilogue: 8 nodes, 4 stored, 1 kernels
-        k0_add map 2x1 writes %7(output) reads %0:x %1:weight %2:bias fuses 4 loops 16
-    """)
-    unfused = _plans(_program(nn.Linear(4, 3), {"x": (2, 4)}, passes={"fusion": False}), "predict")
-    assert _lines(str(unfused["epilogue"])) == _lines("""
-        plan predict after epilogue: 8 nodes, 8 stored, 5 kernels
-        k0_permute map 2x2 writes %3(unfused) reads %1:weight fuses 0 loops 0
-        k1_matmul matmul 2x1 writes %4(unfused) reads %0:x %3 fuses 0 loops 16
-        k2_reshape map 1x1 writes %5(unfused) reads %2:bias fuses 0 loops 0
-        k3_expand map 2x1 writes %6(unfused) reads %5 fuses 0 loops 0
-        k4_add map 2x1 writes %7(unfused) reads %4 %6 fuses 0 loops 0
-    """)
-
-
-def test_texture_units_golden() -> None:
-    """With 3 texture units the second layer's kernel (4 pages) stores a fused operand."""
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    plans = _plans(_program(model, {"x": (2, 4)}, max_texture_units=3), "predict")
-    assert "k1_add map 2x1 writes %15(output) reads %2:0.bias %3:2.weight %4:2.bias %6" in str(
-        plans["epilogue"]
-    )
-    assert _lines(str(plans["texture_units"])) == _lines("""
-        plan predict after texture_units: 16 nodes, 8 stored, 3 kernels
-        k0_matmul matmul 2x2 writes %6(loop) reads %0:x %1:0.weight fuses 1 loops 16
-        k1_matmul matmul 2x1 writes %12(texture-units) reads %2:0.bias %3:2.weight %6 fuses 5 loops 32
-        k2_add map 2x1 writes %15(output) reads %4:2.bias %12 fuses 2 loops 0
-    """)
-
-
-def test_mrt_and_memplan_golden() -> None:
-    plans = _plans(_program(nn.Linear(4, 3), {"x": (2, 4)}, loss=nn.MSELoss()), "gradients")
-    before = _lines(str(plans["texture_units"]))
-    assert before[3:5] == [
-        "k2_mul map 1x1 writes %16(multi-reader) reads - fuses 2 loops 0",
-        "k3_add map 2x1 writes %22(multi-reader) reads %9 %16 fuses 4 loops 0",
-    ]
-    assert (
-        _lines(str(plans["mrt"]))[3]
-        == "k2_mul+k3 map 2x1 writes %16(multi-reader) %22(multi-reader) reads %9 fuses 7 loops 0"
-    )
-    assert plans["mrt"].layouts[16] != plans["texture_units"].layouts[16]  # resized to the group's footprint
-    assert _lines(str(plans["memplan"])) == _lines("""
-        plan gradients after memplan: 27 nodes, 10 stored, 5 kernels, 7 texture slots
-        k0_sub map 2x1 writes %9(multi-reader)@2x1#2 reads %0:x %1:weight %2:bias %8:y fuses 5 loops 16
-        k1_mul map 1x1 writes %14(output)@1x1#0 reads %9 fuses 4 loops 24
-        k2_mul+k3 map 2x1 writes %16(multi-reader)@2x1#1 %22(multi-reader)@2x1#3 reads %9 fuses 7 loops 0
-        k4_reshape map 1x1 writes %25(output)@1x1#1 reads %22 fuses 1 loops 8
-        k5_permute map 2x2 writes %30(output)@2x2#0 reads %0:x %22 fuses 2 loops 8
-    """)
-    unshared = _plans(
-        _program(nn.Linear(4, 3), {"x": (2, 4)}, loss=nn.MSELoss(), passes={"memplan": False}), "gradients"
-    )["memplan"]
-    slots = [s for v in unshared.memory.values() for s in v]
-    assert len(slots) == len(set(slots)) == len(unshared.memory)  # nothing shared
-
-
-def test_blend_golden() -> None:
-    passes = {"pushdown": True, "mrt": False, "epilogue": False}
-    plans = _plans(_program(Twice(), {"x": (2, 4)}, loss=nn.MSELoss(), passes=passes), "gradients")
-    assert "->" not in str(plans["mrt"]) and "k10_add" in str(plans["mrt"])
-    assert _lines(str(plans["blend"]))[-2:] == [
-        "k8_matmul matmul 2x2 writes %40(loop)->%37 reads %7 %25 fuses 1 loops 8",
-        "k9_matmul matmul 2x2 writes %43(loop)->%37 reads %0:x %25 fuses 1 loops 8 blend",
-    ]
-    assert "k10_add" not in str(plans["blend"])
-    assert _lines(str(plans["memplan"]))[-1] == (
-        "k9_matmul matmul 2x2 writes %43(loop)->%37@2x2#0 reads %0:x %25 fuses 1 loops 8 blend"
-    )
-    no_blend = make_target("webgl2", float_blend=False)
-    assert (
-        PIPELINE[PASS_NAMES.index("blend")].run(dataclasses.replace(plans["mrt"], target=no_blend)).into == {}
-    )
-
-
-def test_state_targets_print_their_state() -> None:
-    plans = _plans(
-        _program(nn.Linear(4, 3), {"x": (2, 4)}, loss=nn.MSELoss(), opt=optim.SGD(lr=0.1)), "train_step"
-    )
-    text = str(plans["memplan"])
-    assert "(state)@state:weight" in text and "(state)@state:bias" in text and "%31:lr" in text
-
-
 # -- the pipeline as data -----------------------------------------------------------------------
 
 
@@ -185,9 +81,24 @@ def test_pass_names_are_one_list() -> None:
         "tiling",
         "memplan",
     )
-    assert all(p.run.__name__ == p.name for p in PIPELINE)
     assert set(PASSES) <= set(PASS_NAMES) and bundle.PASSES is PASSES
     assert {p.name for p in PIPELINE if p.switchable} == set(PASSES)
+    for p in PIPELINE:  # one name: the module, its function, the switch, the dump name
+        module = importlib.import_module(f"glcomp.codegen.passes.{p.name}")
+        assert p.run is getattr(module, p.name) and p.run.__name__ == p.name, p.name
+        assert p.run.__module__ == module.__name__, p.name
+        assert module.__doc__ and module.__doc__.startswith(f"{p.name}: "), p.name  # states its guarantees
+        if p.switchable:  # its switch has its name
+            assert CompileOptions.parse({"passes": {p.name: False}}).passes[p.name] is False
+        else:
+            with pytest.raises(glcomp.GlcompError, match=f"unknown passes \\['{p.name}'\\]"):
+                CompileOptions.parse({"passes": {p.name: False}})
+    modules = {f.stem for f in Path(passes.__file__).parent.glob("*.py") if f.stem != "__init__"}
+    assert modules == set(PASS_NAMES)  # a module per pass, and nothing else
+    for name in ("pushdown", "fold_views", "split_reductions", "split_weight_grads"):  # the IR rewrites
+        assert callable(getattr(importlib.import_module(f"glcomp.ir.passes.{name}"), name))
+    tests = Path(__file__).parent / "passes"
+    assert {f.stem for f in tests.glob("test_*.py")} == {f"test_{n}" for n in PASS_NAMES}
 
 
 def _snapshot(plan: KernelPlan) -> Any:
@@ -321,6 +232,17 @@ def test_dump_after_prints_the_plan(capsys: Any) -> None:
     assert "plan gradients after fusion" in capsys.readouterr().out
 
 
+def test_run_pipeline_until_a_pass_stops_there() -> None:
+    plan = entry_plan(_program(nn.Linear(4, 3), {"x": (2, 4)}), "predict")
+    dumped: list[str] = []
+    layout = run_pipeline(plan, dump_after="layout", check=True, dump=dumped.append, until="layout")
+    assert layout.done == PASS_NAMES[: PASS_NAMES.index("layout") + 1] and not layout.kernels
+    assert dumped == [str(layout)]
+    assert run_pipeline(plan).done == PASS_NAMES
+    with pytest.raises(glcomp.GlcompError, match=r"until: unknown pass 'fusions'"):
+        run_pipeline(plan, until="fusions")
+
+
 def test_unknown_dump_name_lists_the_passes() -> None:
     with pytest.raises(
         glcomp.GlcompError, match=r"dump_after: unknown pass 'mrt_fusion'; passes in order: \['pushdown'"
@@ -451,19 +373,8 @@ def test_graph_passes_that_change_nothing_return_their_input() -> None:
 
 def test_graph_passes_rewrite_a_new_graph() -> None:
     """split_wide narrows ``out[:, -1]`` of the stacked LSTM outputs to the last step (the
-    concat disappears); isolate_states gives every written-back state a node of its own."""
+    concat disappears; tests/passes/test_split_wide.py has its golden plan)."""
     plans = _plans(_program(Seq(), {"x": (2, 3, 3)}), "predict")
     concats = {n: sum(p.graph.op(m) == "concat" for m in p.graph.nodes()) for n, p in plans.items()}
     assert concats["split_reductions"] == 1 and concats["split_wide"] == 0
     assert plans["split_wide"].graph is not plans["split_reductions"].graph
-
-    g = Graph()
-    p = g.add_input("p", (2,), "param")
-    g.outputs = {"param:p": p, "param:q": p}
-    switches = CompileOptions.parse({}).passes
-    plan = KernelPlan("train_step", g, make_target("webgl2"), switches, frozenset("pq"))
-    isolated = PIPELINE[PASS_NAMES.index("isolate_states")].run(plan)
-    new = isolated.graph.outputs
-    assert g.outputs == {"param:p": p, "param:q": p}  # the given plan's graph is unchanged
-    assert len({new["param:p"], new["param:q"], p}) == 3
-    assert all(isolated.graph.op(new[k]) == "stop_gradient" for k in new)

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 
 from glcomp.codegen.kernel_plan import KernelPlan
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout, layout_for
-from glcomp.codegen.memplan import Pool
 from glcomp.codegen.options import OFF_BY_DEFAULT as OPTION_OFF_BY_DEFAULT
 from glcomp.codegen.options import PASSES as OPTION_PASSES
 from glcomp.codegen.options import STORAGE, CompileOptions
+from glcomp.codegen.passes.memplan import Pool
 from glcomp.codegen.pipeline import check_pass_name, run_pipeline
-from glcomp.codegen.plan import Kernel
 from glcomp.codegen.programs import merge_origins, sharing_key
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.render_cache import Lowered, RenderCache

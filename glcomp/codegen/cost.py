@@ -8,11 +8,11 @@ cost (binding its program, framebuffer and textures, one pass over the viewport)
 
 Every decision that trades shader work against draws or textures uses these numbers:
 
-- fusion (glcomp.codegen.plan): a fused operand of a matmul or convolution is recomputed at every
+- fusion (glcomp.codegen.passes.fusion): a fused operand of a matmul or convolution is recomputed at every
   read while it costs at most `RECOMPUTE` ops per read, else it is stored;
-- MRT (glcomp.codegen.mrt): kernels merge into one draw when the work added by the common
+- MRT (glcomp.codegen.passes.mrt): kernels merge into one draw when the work added by the common
   footprint costs less than the `DRAW` saved;
-- tiling (glcomp.codegen.tiled): a matmul runs register-blocked when the fetches it saves, at
+- tiling (glcomp.codegen.passes.tiling): a matmul runs register-blocked when the fetches it saves, at
   `FETCH` each, exceed its gather pass and `BLOCKED_DRAW` per draw it adds.
 
 Calibration. benchmarks/calibrate.py times a loop kernel over 256x256 texels for two loop lengths

@@ -9,7 +9,12 @@ almost all of a training step, so the largest estimates are where to look first.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from glcomp.errors import GlcompError
+
+if TYPE_CHECKING:
+    from glcomp.program import Program
 
 
 def _origins(source: str) -> str:
@@ -63,3 +68,27 @@ def explain(manifest: dict[str, Any], shaders: dict[str, str]) -> str:
         f"programs in the bundle: {len(programs)}"
     )
     return "\n".join(lines)
+
+
+def plans_after(program: Program, name: str) -> str:
+    """Each entry point's kernel plan after the pass `name` (``str(plan)``, one block per entry
+    point in the order of the bundle's entries): the passes after it do not run, so a plan that
+    a later pass would refuse is still shown. GlcompError listing the passes for an unknown name,
+    or for a program without IR graphs (a bundle saved without program.json)."""
+    from glcomp.codegen.bundle import entry_plan
+    from glcomp.codegen.pipeline import check_pass_name, run_pipeline
+    from glcomp.ir.gcpause import gc_paused
+    from glcomp.program import ENTRY_POINTS
+
+    check_pass_name(name, "dump_after")
+    if not program.graphs:
+        raise GlcompError(
+            "this program was loaded from a bundle without IR graphs (no program.json): "
+            "it has no kernel plans to dump"
+        )
+    out: list[str] = []
+    with gc_paused():  # see glcomp.ir.gcpause
+        for entry in ENTRY_POINTS:
+            if entry in program.graphs:
+                run_pipeline(entry_plan(program, entry), dump_after=name, dump=out.append, until=name)
+    return "\n".join(out)

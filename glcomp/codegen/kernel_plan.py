@@ -1,12 +1,13 @@
 """The kernel plan of one entry point: what the code generator has decided so far, as a value.
 
-A `KernelPlan` is frozen: each pass of glcomp.codegen.pipeline takes one and returns a new one
-(``dataclasses.replace``), never changing the plan it was given. It holds the IR graph, its
-topological order (computed once, when the graph stops changing), the texture layout of every
-node, the stored values (each with the reason it is stored), the kernels in execution order, the
-blend plan (which kernel results are added into which sum's texture) and the memory plan (which
-texture slot each temporary takes). ``str(plan)`` prints one line per kernel, stable enough for
-golden tests; `check_plan` states the plan's invariants and checks them.
+A `KernelPlan` is frozen: each pass of glcomp.codegen.pipeline (one module each under
+glcomp.codegen.passes) takes one and returns a new one (``dataclasses.replace``), never changing
+the plan it was given. It holds the IR graph, its topological order (computed once, when the
+graph stops changing), the texture layout of every node, the stored values (each with the reason
+it is stored), the kernels in execution order, the blend plan (which kernel results are added
+into which sum's texture) and the memory plan (which texture slot each temporary takes).
+``str(plan)`` prints one line per kernel (before kernels are formed: one line per graph node),
+stable enough for golden tests; `check_plan` states the plan's invariants and checks them.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout, layout_for
-from glcomp.codegen.memplan import Slot
-from glcomp.codegen.plan import Kernel
 from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
 from glcomp.codegen.target import Target
 from glcomp.codegen.tiled import Tiling
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
+from glcomp.ir.printer import format_node
+
+Slot = tuple[tuple[int, int], int]  # a texture: (size, index among the textures of that size)
 
 
 def _empty() -> Mapping[Any, Any]:
@@ -41,7 +44,7 @@ def frozen(mapping: Mapping[Any, Any]) -> Mapping[Any, Any]:
 class KernelPlan:
     """One entry point's code-generation plan (see the module docstring).
 
-    `stored` maps every value kept in a texture to why (glcomp.codegen.plan: "input", "output",
+    `stored` maps every value kept in a texture to why (glcomp.codegen.kernels: "input", "output",
     "state", "loop", "multi-reader", "loop-operand", "unfused", "texture-units"); `into` sends a
     kernel result to the texture of the sum it is added into (blending), `blended` names the
     kernels that add rather than overwrite; `memory` gives each temporary one texture slot per
@@ -170,7 +173,9 @@ class KernelPlan:
         """One kernel as one line: name, template, viewport (width x height, x pages), targets
         (each with why it is stored, ``->%sum`` when blended into a sum, ``@`` its texture: a
         state or the memory plan's slots, size#index), leaves read (``%n:name`` for inputs),
-        fused node count, loop iterations per invocation, ``blend`` when it adds."""
+        fused node count, loop iterations per invocation, ``blend`` when it adds, ``tiled RxC``
+        when it runs register-blocked (R rows x C column texels a fragment; ``/S`` with K split
+        into S chunks)."""
         state_out = self.state_out() if state_out is None else state_out
         parts = [kernel.name, kernel.template]
         if self.layouts:
@@ -182,6 +187,9 @@ class KernelPlan:
         parts.append(f"loops {self.loop_iterations(kernel)}")
         if kernel.name in self.blended:
             parts.append("blend")
+        if kernel.name in self.tilings:
+            t = self.tilings[kernel.name]
+            parts.append(f"tiled {t.R}x{t.C}" + (f"/{t.S}" if t.S > 1 else ""))
         return " ".join(parts)
 
     def __str__(self) -> str:
@@ -191,8 +199,26 @@ class KernelPlan:
         )
         if self.memory:
             head += f", {len({s for slots in self.memory.values() for s in slots})} texture slots"
+        if not self.kernels:  # before kernels are formed: the graph, a node a line
+            return "\n".join([head, *self._graph_lines()])
         state_out = self.state_out()
         return "\n".join([head, *(self.kernel_line(k, state_out) for k in self.kernels)])
+
+    def _graph_lines(self) -> list[str]:
+        """The graph as glcomp.ir.printer prints it (topological order), each node prefixed with
+        its texture layout (width x height, x pages) once the layout pass has run."""
+        g = self.graph
+        lines = []
+        for n in self.order or g.topo():
+            lay = self.layouts.get(n)
+            where = (
+                ""
+                if lay is None
+                else f"{lay.width}x{lay.height}" + (f"x{lay.pages}" if lay.pages > 1 else "")
+            )
+            lines.append(f"{where} {format_node(g, n)}".strip())
+        lines.append("return " + ", ".join(f"{k}=%{v}" for k, v in g.outputs.items()))
+        return lines
 
 
 def check_plan(plan: KernelPlan) -> None:

@@ -31,7 +31,8 @@ STORAGE = {
 }
 
 # The code-generation passes ``passes={name: bool}`` may switch: each name is also the name of
-# the pass in glcomp.codegen.pipeline.PIPELINE (and of its function there, and its dump name).
+# the pass in glcomp.codegen.pipeline.PIPELINE, of its module glcomp.codegen.passes.<name> and
+# the function there, and its dump name.
 PASSES = {
     "fusion": "fuse elementwise, movement and index ops into the kernels that read them",
     "epilogue": "run a loop kernel (matmul, conv, reduce, pool) inside the elementwise kernel "

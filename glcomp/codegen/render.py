@@ -20,8 +20,8 @@ from typing import Any
 
 import jinja2
 
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout
-from glcomp.codegen.plan import Kernel
 from glcomp.codegen.target import Target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from glcomp.codegen.kernel_plan import KernelPlan
-from glcomp.codegen.plan import Kernel
+from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.programs import canonical
 from glcomp.codegen.render import FUSED_ROOT, KernelRenderer, Rendered
 from glcomp.ir.ops import get_op

@@ -1,10 +1,14 @@
-"""Blend accumulation: sums of kernel results are added by the blender, not by a kernel.
+"""blend: sums of kernel results are added by the blender, not by a kernel.
 
 A stored value that is a tree of `add`s over results of loop kernels (a weight gradient summed
 over LSTM time steps, say) needs every term in a texture of its own and one more draw to add
 them up. Where the target can blend float render targets, each term's kernel instead renders
 straight into the sum's texture: the first with blending off (it overwrites), the rest with
 additive blending (ONE, ONE). The terms' textures and the summing draw disappear.
+
+Guarantees: those of `blend_accumulation`. Off with ``passes={"blend": False}``, on targets
+that cannot blend float render targets, and with rgba8 storage (blending would add bytes, not
+floats).
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from glcomp.codegen.kernel_plan import KernelPlan
+from glcomp.codegen.kernels import FUSIBLE, Kernel
 from glcomp.codegen.layout import Layout
-from glcomp.codegen.plan import FUSIBLE, Kernel
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
 
@@ -25,6 +30,15 @@ class BlendPlan:
 
     into: dict[int, int] = field(default_factory=dict)
     blend: set[str] = field(default_factory=set)
+
+
+def blend(plan: KernelPlan) -> KernelPlan:
+    """Add sums of loop results with additive blending, on targets that blend float textures
+    (never with rgba8 storage: blending would add bytes, not floats)."""
+    if not (plan.switches["blend"] and plan.target.float_blend) or plan.storage == "rgba8":
+        return plan
+    kernels, blends = blend_accumulation(list(plan.kernels), plan.graph, plan.layouts)
+    return plan.replace(kernels=kernels, into=blends.into, blended=frozenset(blends.blend))
 
 
 def blend_accumulation(

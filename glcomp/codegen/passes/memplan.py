@@ -1,14 +1,21 @@
-"""Static texture plan: assign every temporary value a texture, reusing textures by liveness.
+"""memplan: a texture slot for every page of every temporary, reused by liveness.
 
 Textures are grouped by size (width x height); a value takes a free texture of its size when its
 kernel runs and gives it back after its last reader. Entry points run one at a time, so they
-share one pool: the bundle allocates, per size, the most any entry point needs at once.
+share one pool: the bundle allocates, per size, the most any entry point needs at once (`Pool`
+names the slots).
+
+Guarantees (those of `assign_slots`): a texture is never written by a draw that reads it, two
+values alive at the same time never share a texture, and the values read back stay alive to the
+end. Off with ``passes={"memplan": False}``: every temporary still gets slots, none shared.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+from glcomp.codegen.kernel_plan import KernelPlan, Slot
 
 
 @dataclass
@@ -29,19 +36,12 @@ class Pool:
         return {name: size for size, group in self.names.items() for name in group}
 
 
-Slot = tuple[tuple[int, int], int]  # (texture size, index among the textures of that size)
-
-
-def plan_memory(
-    steps: list[tuple[list[int], list[int]]],
-    sizes: dict[int, list[tuple[int, int]]],
-    pinned: set[int],
-    pool: Pool,
-    reuse: bool = True,
-) -> dict[int, list[str]]:
-    """`assign_slots`, named by the textures of `pool` (which grows as needed)."""
-    slots = assign_slots(steps, sizes, pinned, reuse)
-    return {v: [pool.texture(size, index) for size, index in s] for v, s in slots.items()}
+def memplan(plan: KernelPlan) -> KernelPlan:
+    """A texture slot per page of every temporary, reused by liveness (off: none shared)."""
+    steps = plan.steps()
+    pinned = set(plan.readback().values())
+    slots = assign_slots(steps, plan.temporaries(), pinned, plan.switches["memplan"])
+    return plan.replace(memory={n: tuple(s) for n, s in slots.items()})
 
 
 def assign_slots(

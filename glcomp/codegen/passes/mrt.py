@@ -1,4 +1,4 @@
-"""MRT fusion: write several kernels' results from one draw call, one render target each.
+"""mrt: write several kernels' results from one draw call, one render target each (MRT fusion).
 
 Kernels that can run at the same point of the schedule and read the same textures (the weight, input and
 bias gradients of a layer; Adam's new parameter, first and second moments) are merged: the
@@ -7,6 +7,8 @@ recomputed inline instead of sampled (it is being written in the same draw), unl
 fused into it. A group's loops together stay within the per-invocation loop budget
 (glcomp.codegen.render.FRAGMENT_LOOP_BUDGET). All attachments of
 a framebuffer must have one size (WebGL 2), so the group's values get a common footprint.
+
+Guarantees: those of `mrt_fusion`; states keep their layouts. Off with ``passes={"mrt": False}``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from glcomp.codegen import cost as cost_model
+from glcomp.codegen.kernel_plan import KernelPlan
+from glcomp.codegen.kernels import FUSIBLE, Kernel
 from glcomp.codegen.layout import Layout, layout_for
-from glcomp.codegen.plan import FUSIBLE, Kernel
 from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
 from glcomp.codegen.target import Target
 from glcomp.ir.graph import Graph
@@ -23,6 +26,15 @@ from glcomp.ir.ops import get_op
 from glcomp.ir.passes.split_weight_grads import parallel_group
 
 LOOKBACK = 8  # how many earlier draws a kernel may join
+
+
+def mrt(plan: KernelPlan) -> KernelPlan:
+    """Merge consecutive kernels that share inputs into multi-target draws (`mrt_fusion`)."""
+    if not plan.switches["mrt"]:
+        return plan
+    fixed = set(plan.state_out())
+    kernels, resized = mrt_fusion(list(plan.kernels), plan.graph, plan.layouts, plan.target, fixed)
+    return plan.replace(kernels=kernels, layouts={**plan.layouts, **resized})
 
 
 def _fusible_root(graph: Graph, n: int) -> bool:

@@ -48,7 +48,7 @@ def _rewrite(graph: Graph, n: int) -> bool:
     return True
 
 
-def transpose_pushdown(graph: Graph) -> Graph:
+def pushdown(graph: Graph) -> Graph:
     """After this pass no permute reads a single-reader matmul, add or permute.
 
     Requires a valid graph; the result computes the same outputs (checked by the property

@@ -1,4 +1,4 @@
-"""Keep every node within the target's texture units, whatever the length of a sequence.
+"""split_wide: keep every node within the target's texture units, whatever the length of a sequence.
 
 A GL kernel samples one texture unit per texture page it reads, and a target has few of them
 (16 on portable WebGL 2, fewer on small targets). The kernel planner stores fused values in
@@ -21,11 +21,18 @@ recomputed, so the outputs are bit-identical.
 
 from __future__ import annotations
 
+from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.layout import layout_for
 from glcomp.codegen.target import Target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph, origin
 from glcomp.ir.ops import get_op
+
+
+def split_wide(plan: KernelPlan) -> KernelPlan:
+    """Keep every node within the target's texture units (`split_wide_graph`). Not switchable:
+    the target's limit is not optional."""
+    return plan.replace(graph=split_wide_graph(plan.graph, plan.target))
 
 
 def _replace(graph: Graph, old: int, new: int) -> None:
@@ -142,7 +149,7 @@ def _split_concat(graph: Graph, n: int, pages: _Pages, limit: int) -> None:
     _replace(graph, n, new)
 
 
-def split_wide(graph: Graph, target: Target) -> Graph:
+def split_wide_graph(graph: Graph, target: Target) -> Graph:
     """After this pass no node reads more texture pages through its distinct operands than
     `target.max_texture_units` (so the kernel planner can always fit every kernel), and no
     slice reads a concat operand it does not overlap.

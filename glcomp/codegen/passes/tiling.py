@@ -1,0 +1,192 @@
+"""tiling: large matmuls as a register-blocked draw into tiles plus a gather draw.
+
+Chosen per kernel by `choose_tiling`: a kernel whose only root is a matmul of two stored
+single-page textures (A, or when K is split a reshape of a stored texture in the same texel order,
+and B or the transpose of a stored W), on a GLSL ES 3.00 target with at least 2 draw buffers, when
+the fetches saved outweigh the extra draw (glcomp.codegen.cost). The block shape is the one with
+the fewest fetches per output texel among those fitting the target's draw buffers. A product with
+at most `FEW_TEXELS` output texels and at least `LONG_STEPS` steps of 4 along K is split over K
+instead (1 x 1 blocks, S chunks of whole texels, added by the gather): it would otherwise loop
+serially in a handful of fragments. A product fused into an epilogue (a Linear's bias and
+activation) is first split off into a kernel of its own where tiling it pays for the two extra
+draws (`split_epilogues`).
+The draws themselves are glcomp.codegen.tiled's.
+
+Guarantees: the same values are computed in the same order (a split product is stored, LOOP,
+and written before its epilogue reads it); blended kernels are never tiled. Off with
+``passes={"tiling": False}`` and with rgba8 storage (tiled draws write float texels, no byte
+encoding); a plan with nothing worth tiling is returned as it is.
+"""
+
+from __future__ import annotations
+
+import math
+
+from glcomp.codegen import cost
+from glcomp.codegen.kernel_plan import KernelPlan
+from glcomp.codegen.kernels import LOOP, Kernel
+from glcomp.codegen.layout import Layout
+from glcomp.codegen.render import FUSED_ROOT
+from glcomp.codegen.target import Target
+from glcomp.codegen.tiled import Tiling
+from glcomp.ir.graph import Graph
+from glcomp.ir.ops import get_op
+
+# Block shapes (R rows, C column texels) tried, R * C render targets each.
+SHAPES = ((8, 1), (4, 2), (4, 1), (2, 2), (2, 1))
+# The gather pass's work per output texel, in texel fetches (one fetch, one write).
+GATHER_FETCHES = 2
+# Split K: a product with at most FEW_TEXELS output texels and at least LONG_STEPS steps of 4 along K
+# loops serially in too few fragments (the thresholds of glcomp.ir.passes.split_reductions, in texels).
+FEW_TEXELS = 256
+LONG_STEPS = 256
+
+
+def tiling(plan: KernelPlan) -> KernelPlan:
+    """Large matmuls run as a register-blocked draw into tiles plus a gather draw, where the
+    cost model says that pays on the target; a product fused into an epilogue is split off into
+    a kernel of its own first where tiling it pays for the draws."""
+    if not plan.switches["tiling"] or plan.storage == "rgba8":
+        return plan
+    keep = set(plan.blended)
+    kernels, products = split_epilogues(list(plan.kernels), plan.graph, dict(plan.layouts), plan.target, keep)
+    layouts = dict(plan.layouts)  # one copy for all kernels: choose_tiling only reads it
+    chosen = {k.name: choose_tiling(plan.graph, k, layouts, plan.target) for k in kernels}
+    tilings = {name: t for name, t in chosen.items() if t is not None and name not in keep}
+    if not tilings:
+        return plan
+    stored = {**plan.stored, **dict.fromkeys(sorted(products - set(plan.stored)), LOOP)}
+    return plan.replace(kernels=kernels, stored=stored, tilings=tilings)
+
+
+def fetches_per_texel(r: int, c: int) -> float:
+    """Texel fetches per output texel and K step of 4 of an R x C block."""
+    return (r + 4 * c) / (r * c)
+
+
+def _stored(n: int, kernel: Kernel, layouts: dict[int, Layout]) -> bool:
+    return n in kernel.leaves and layouts[n].pages == 1
+
+
+def _texel_view(graph: Graph, n: int) -> int | None:
+    """The operand of reshape `n` when both keep a last axis of whole texels (a multiple of 4):
+    texel t of `n` is then texel t of its operand (a Flatten before a Linear); else None."""
+    view = get_op(graph.op(n)).view
+    if view is None or view(graph.attrs(n)) != "flat":
+        return None
+    (src,) = graph.operands(n)
+    return src if graph.shape(n)[-1] % 4 == 0 and graph.shape(src)[-1] % 4 == 0 else None
+
+
+def split_chunks(m: int, k: int, cols: int) -> int:
+    """How many chunks of K an (m, k) @ (k, cols) product is split into: 1 unless it has at most
+    FEW_TEXELS output texels and LONG_STEPS steps of K; then a power of two S dividing K / 4,
+    about sqrt(K / 4), so the block draw loops K / 4S and the gather S times."""
+    steps = k // 4
+    if k % 4 or m * math.ceil(cols / 4) > FEW_TEXELS or steps < LONG_STEPS:
+        return 1
+    s = 1 << (max(0, (steps - 1).bit_length()) // 2)
+    while steps % s:
+        s //= 2
+    return s
+
+
+def choose_tiling(
+    graph: Graph, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
+) -> Tiling | None:
+    """The tiling of `kernel`, or None when it keeps the one-texel kernel: not a lone matmul of
+    stored single-page operands, a target without GLSL ES 3.00 or 2 draw buffers, tiles larger than
+    the target's textures, or too little work for the saved fetches to pay for the gather draw
+    (and `extra_draws` more draws, e.g. an epilogue split off the product)."""
+    if target.webgl1 or target.max_draw_buffers < 2 or len(kernel.roots) != 1:
+        return None
+    (n,) = kernel.roots
+    if get_op(graph.op(n)).kind != "matmul" or layouts[n].pages != 1:
+        return None
+    a, b = graph.operands(n)
+    (m, k), cols = graph.shape(a), graph.shape(n)[1]
+    chunks = split_chunks(m, k, cols)
+    form, fused = "b", []
+    # Only the transpose of a stored W (x @ W.T of a Linear layer) may be fused, and, when K is
+    # split, a reshape of a stored A in the same texel order (a Flatten before a Linear).
+    view = get_op(graph.op(b)).view
+    if b in kernel.body and view is not None and view(graph.attrs(b)) == "transpose":
+        fused.append(b)
+        b, form = graph.operands(b)[0], "w"
+    src = _texel_view(graph, a) if a in kernel.body and chunks > 1 else None
+    if src is not None:
+        fused.append(a)
+        a = src
+    if sorted(kernel.body) != sorted(fused):
+        return None
+    if not (_stored(a, kernel, layouts) and _stored(b, kernel, layouts)):
+        return None
+    if chunks > 1:
+        return Tiling(n, a, b, form, 1, 1, m, k, cols, chunks)
+    rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
+    today = cost.fetches(m * rt * k4 * fetches_per_texel(1, 1))
+    best: tuple[float, int, int] | None = None
+    for r, c in SHAPES:
+        fw, fh = -(-rt // c), -(-m // r)
+        if r * c > target.max_draw_buffers or fw * fh > target.max_texture_size**2:
+            continue
+        work = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * GATHER_FETCHES)
+        work += cost.draws(1 + extra_draws, blocked=True)
+        if best is None or work < best[0]:
+            best = (work, r, c)
+    if best is None or best[0] >= today:
+        return None
+    return Tiling(n, a, b, form, best[1], best[2], m, k, cols)
+
+
+def _closure(graph: Graph, start: int, kernel: Kernel, stop: int | None) -> tuple[list[int], list[int]]:
+    """The body nodes and leaves of `kernel` that computing `start` reaches (`stop` is read as a
+    leaf), in the kernel's orders."""
+    body, leaves, todo, seen = set(), set(), [start], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for src in graph.operands(n):
+            if src == stop or src in kernel.leaves:
+                leaves.add(src)
+            elif src in kernel.body:
+                body.add(src)
+                todo.append(src)
+    order = {n: i for i, n in enumerate(kernel.leaves)}
+    ordered_leaves = sorted((v for v in leaves if v in order), key=order.__getitem__)
+    return [n for n in kernel.body if n in body], ordered_leaves + sorted(leaves - set(order))
+
+
+def split_epilogues(
+    kernels: list[Kernel], graph: Graph, layouts: dict[int, Layout], target: Target, keep: set[str]
+) -> tuple[list[Kernel], set[int]]:
+    """Kernels whose single map root reads a fused matmul (a Linear's bias, an activation) as
+    two kernels, the product on its own (so it can be tiled) and the epilogue reading it as a
+    stored texture, where the tiling pays for its two extra draws. `keep`: kernel names left as
+    they are. Returns the new kernel list and the products that became stored values.
+    Guarantee: the same values are computed in the same order; the split product is written
+    before its epilogue reads it."""
+    out: list[Kernel] = []
+    stored: set[int] = set()
+    for k in kernels:
+        loops = [n for n in k.body if get_op(graph.op(n)).kind not in FUSED_ROOT]
+        lone = len(loops) == 1 and get_op(graph.op(loops[0])).kind == "matmul"
+        if k.name in keep or len(k.roots) != 1 or not lone:
+            out.append(k)
+            continue
+        (mm,) = loops
+        if get_op(graph.op(k.roots[0])).kind not in FUSED_ROOT:
+            out.append(k)
+            continue
+        mm_body, mm_leaves = _closure(graph, mm, k, None)
+        template = get_op(graph.op(mm)).template
+        product = Kernel(f"{k.name}_mm", [mm], mm_body, mm_leaves, template, list(k.origins))
+        if choose_tiling(graph, product, layouts, target, extra_draws=1) is None:
+            out.append(k)
+            continue
+        ep_body, ep_leaves = _closure(graph, k.roots[0], k, mm)
+        out += [product, Kernel(k.name, k.roots, ep_body, ep_leaves, k.template, list(k.origins))]
+        stored.add(mm)
+    return out, stored
