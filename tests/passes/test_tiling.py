@@ -58,3 +58,28 @@ def test_tiling_off_rgba8_and_webgl1_hand_the_plan_on(forced, plan_of, around, o
 def test_tiling_pays_only_for_large_products(plan_of, around) -> None:
     before, after = around(plan_of(LinearRelu(), {"x": (4, 8)}), "tiling")
     assert after.kernels == before.kernels and not after.tilings
+
+
+class FlattenLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(32, 3)
+
+    def forward(self, x: Any) -> Any:
+        return self.l(x.reshape(x.shape[0], -1))
+
+
+def test_split_k_golden(monkeypatch: pytest.MonkeyPatch, plan_of, around, golden) -> None:
+    """A long product with few outputs splits over K (threshold lowered to 4 steps): 1x1 blocks
+    in 2 chunks, reading the flattened input in place (no reshape kernel)."""
+    monkeypatch.setattr(tiling, "LONG_STEPS", 4)
+    before, after = around(plan_of(FlattenLinear(), {"x": (2, 4, 8)}), "tiling")
+    golden(
+        after,
+        """
+        plan predict after tiling: 9 nodes, 5 stored, 2 kernels
+        k0_add_mm matmul 2x1 writes %5(loop) reads %0:x %1:l.weight fuses 2 loops 128 tiled 1x1/2
+        k0_add map 2x1 writes %8(output) reads %2:l.bias %5 fuses 2 loops 0
+        """,
+    )
+    assert not before.tilings
