@@ -172,6 +172,28 @@ def test_conv2d_input_grad_vec4_matches_reference(k, stride, pad, dialect: str, 
     check(prog, gl_runtime, (2, 4, out, out), seed=k)
 
 
+class Gram(nn.Module):
+    """x.T @ (x * w): A is the transpose of the stored input (a weight gradient's x.T)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(np.random.default_rng(n).normal(size=(n,)).astype(np.float32))
+
+    def forward(self, x: Any) -> Any:
+        return x.T @ (x * self.w)
+
+
+@pytest.mark.parametrize("k, n", [(3, 6), (9, 5), (22, 7)])  # K % 4 = 3, 1, 2; M = N odd or even
+def test_matmul_vec4_reads_a_transposed_stored_operand(k: int, n: int, dialect: str, gl_runtime: Any):
+    """A = S.T of a stored (K, M) texture: A's texel along K is one component of four texels of S
+    (cursors stepped four rows a time, no division in the loop), tail on the real rows only; the
+    gradients' products read transposed operands too."""
+    prog = glcomp.compile(Gram(n), {"x": (k, n)}, loss=SumLoss(), target=dialect)
+    shaders = build_bundle(prog).shaders.values()
+    assert any("int ac = imod(i0, 4);" in s for s in shaders)
+    check(prog, gl_runtime, (n, n), seed=k)
+
+
 @pytest.mark.parametrize("batch, k, n", [(5, 7, 6)])
 def test_linear_weight_update_vec4_matches_reference(batch, k, n, dialect: str, gl_runtime: Any):
     """SGD on Linear layers: the new weight reads the product x.T @ g transposed (root4t)."""

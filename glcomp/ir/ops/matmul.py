@@ -35,8 +35,9 @@ def matmul_spec(r: Emitter, n: int) -> dict[str, Any]:
 
 def matmul_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | None:
     """matmul.frag.j2's root4: the texel (n[i0, j0 + c])_c; B read texel-wise when stored
-    (b_tex), or through the stored matrix it transposes (w_tex); fused operands through their
-    vec4 functions (a4: A's texel along K, b4: a row of B)."""
+    (b_tex), or through the stored matrix it transposes (w_tex); A along its rows when stored
+    (a_tex), or down the columns of the stored matrix it transposes (at_tex); other fused operands
+    through their vec4 functions (a4: A's texel along K, b4: a row of B)."""
     g = r.graph
     a, b = g.operands(n)
     spec = r.root4_head(n) | {
@@ -50,8 +51,13 @@ def matmul_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | Non
     }
     if spec["b_tex"] is None and g.op(b) == "permute" and tuple(g.attrs(b)["perm"]) == (1, 0):
         spec["w_tex"] = r.texture(g.operands(b)[0], textures)
+    # A as the transpose of a stored (K, M) texture S (a weight gradient's x.T or g.T): A's four
+    # values along K are one component of four texels of S, rows k ... k + 3 at column i0.
+    spec["at_tex"] = None
+    if spec["a_tex"] is None and g.op(a) == "permute" and tuple(g.attrs(a)["perm"]) == (1, 0):
+        spec["at_tex"] = r.texture(g.operands(a)[0], textures)
     # Fused operands: A's texel along K and B's rows along N through their vec4 functions.
-    spec["a4"] = r.fn4(a) if spec["a_tex"] is None else None
+    spec["a4"] = r.fn4(a) if spec["a_tex"] is None and spec["at_tex"] is None else None
     spec["b4"] = r.fn4(b) if spec["b_tex"] is None and spec["w_tex"] is None else None
     return spec
 
