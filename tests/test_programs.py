@@ -170,3 +170,65 @@ def test_kernels_lowered_once_equal_their_own_rendering(monkeypatch: Any) -> Non
     build_bundle(prog)
     rendered = sum(len(entries) for cache in caches.values() for entries in cache.lowered.values())
     assert rendered < 0.75 * len(checked), (len(checked), rendered)  # many came from the cache
+
+
+class _NamedHeads(nn.Module):
+    """Identical heads whose kernels differ only in node ids and origins; one head's name reads
+    like a generated identifier (``v1``), so its origin comments could be mistaken for code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.b = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.v1 = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+    def forward(self, x):
+        return self.a(x) * self.b(x) + self.v1(x)
+
+
+def _tiny_gpt(n_layer: int) -> glcomp.Program:
+    gpt = ModuleType("char_gpt_tiny")
+    gpt.__file__ = str(EXAMPLE)
+    exec(compile(EXAMPLE.read_text(encoding="utf-8"), str(EXAMPLE), "exec"), gpt.__dict__)
+    gpt.__dict__.update(batch_size=2, block_size=8, n_embd=16, n_head=2, n_layer=n_layer, dropout=0.0)
+    glcomp.manual_seed(0)
+    model = gpt.GPTLanguageModel()
+    spec = {"shape": (2, 8), "dtype": "int32", "num_classes": gpt.vocab_size}
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    return glcomp.compile(model, {"idx": (2, 8)}, "forward", opt, target_name="targets", target_spec=spec)
+
+
+def test_kernels_differing_only_in_origins_render_once(monkeypatch: Any) -> None:
+    """Kernels of different model parts (the two blocks of a GPT) are rendered once and each gets
+    its own origin comments: every lowered shader equals its own rendering, yet fewer renders
+    happen than there are distinct shaders. Origins that read like code are kept apart."""
+    from glcomp.codegen import render, render_cache
+
+    renders: list[str] = []
+    sources: set[str] = set()
+    render_kernel = render.KernelRenderer.render
+    lower = render_cache.RenderCache.lower
+
+    def counted(self: Any, kernel: Any, hypers: Any) -> Any:
+        renders.append(kernel.name)
+        return render_kernel(self, kernel, hypers)
+
+    def checked_lower(self: Any, renderer: Any, plan: Any, kernel: Any, hypers: Any) -> Any:
+        got = lower(self, renderer, plan, kernel, hypers)
+        fresh = render_cache.Lowered.of(render_kernel(renderer, kernel, hypers))
+        assert got == fresh, kernel.name
+        assert got.digest == render_cache.Lowered(fresh.source, [], [], {}).digest, kernel.name
+        sources.add(got.source)
+        return got
+
+    monkeypatch.setattr(render.KernelRenderer, "render", counted)
+    monkeypatch.setattr(render_cache.RenderCache, "lower", checked_lower)
+    glcomp.manual_seed(0)
+    prog = glcomp.compile(_NamedHeads(), {"x": (4, 8)}, loss=nn.MSELoss(), optimizer=optim.SGD(lr=0.1))
+    text = "\n".join(build_bundle(prog).shaders.values())
+    for head in ("a", "b"):
+        assert f"// from {head}.0 (Linear) [grad]" in text
+    renders.clear()
+    sources.clear()
+    build_bundle(_tiny_gpt(2))
+    assert len(renders) < len(sources), (len(renders), len(sources))

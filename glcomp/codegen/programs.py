@@ -15,12 +15,15 @@ draw, so the steps of a recurrence share a program.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import lru_cache
 
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
-_ORIGIN = "// from "
-_NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b")
+ORIGIN = "// from "  # an origin comment line starts so
+_ORIGIN = ORIGIN
+# The identifiers the renderer generates from node ids (what `canonical` renumbers).
+NODE_NAME = _NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b")
 # A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
 _VIEW_CALL = re.compile(r"^(\s*return v\d+(?:_4)?\()(.*)(\);)$", re.MULTILINE)  # v<k>_4: a texel
 _OFFSET = re.compile(r"\((i\d+|j0) ([+-]) (\d+)\)")
@@ -140,6 +143,11 @@ def sharing_key(source: str) -> str:
     """What makes two canonical sources one program: the text without its origin comments (which
     name the model parts a kernel came from and change nothing the GPU computes)."""
     return "\n".join(line for line in source.split("\n") if not line.startswith(_ORIGIN))
+
+
+def sharing_digest(source: str) -> str:
+    """A short hash of `sharing_key(source)`: equal for canonical sources that make one program."""
+    return hashlib.sha256(sharing_key(source).encode()).hexdigest()[:16]
 
 
 def merge_origins(shared: str, source: str) -> str:
