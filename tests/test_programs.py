@@ -7,11 +7,13 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import glcomp
 from glcomp import nn, optim
 from glcomp.codegen.bundle import build_bundle
-from glcomp.codegen.programs import canonical
+from glcomp.codegen.programs import canonical, merge_origins, sharing_key
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "char_gpt.py"
 
@@ -232,3 +234,27 @@ def test_kernels_differing_only_in_origins_render_once(monkeypatch: Any) -> None
     sources.clear()
     build_bundle(_tiny_gpt(2))
     assert len(renders) < len(sources), (len(renders), len(sources))
+
+
+def _merge_origins_by_lines(shared: str, source: str) -> str:
+    """merge_origins spelled out over lines (the definition its faster scan must keep)."""
+    lines = shared.split("\n")
+    have = [k for k, line in enumerate(lines) if line.startswith("// from ")]
+    new = [line for line in dict.fromkeys(source.split("\n")) if line.startswith("// from ")]
+    new = [line for line in new if line not in {lines[k] for k in have}]
+    if not new:
+        return shared
+    at = have[-1] + 1 if have else 0
+    return "\n".join(lines[:at] + new + lines[at:])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from(["// from a", "// from b (X)", "x = 1;", "", "// note", "//from c"])),
+    st.lists(st.sampled_from(["// from a", "// from c", "// from b (X)", "y;", "", "// from d\r"])),
+)
+def test_merge_origins_adds_each_new_origin_once_after_the_last(shared: list[str], source: list[str]) -> None:
+    a, b = "\n".join(shared), "\n".join(source)
+    merged = merge_origins(a, b)
+    assert merged == _merge_origins_by_lines(a, b)
+    assert sharing_key(merged) == sharing_key(a)

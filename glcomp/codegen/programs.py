@@ -22,6 +22,7 @@ from functools import lru_cache
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
 ORIGIN = "// from "  # an origin comment line starts so
 _ORIGIN = ORIGIN
+_ORIGIN_LINE = re.compile(f"^{re.escape(ORIGIN)}[^\n]*", re.MULTILINE)  # a whole origin comment line
 # The identifiers the renderer generates from node ids (what `canonical` renumbers).
 NODE_NAME = _NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b")
 # A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
@@ -155,11 +156,12 @@ def merge_origins(shared: str, source: str) -> str:
     the same `sharing_key`) added after its own, each origin once, in order of first appearance.
 
     Guarantee: only comment lines change; `sharing_key` of the result is that of both inputs."""
-    lines = shared.split("\n")
-    have = [k for k, line in enumerate(lines) if line.startswith(_ORIGIN)]
-    new = [line for line in dict.fromkeys(source.split("\n")) if line.startswith(_ORIGIN)]
-    new = [line for line in new if line not in {lines[k] for k in have}]
+    have = list(_ORIGIN_LINE.finditer(shared))
+    known = {m[0] for m in have}
+    new = [line for line in dict.fromkeys(_ORIGIN_LINE.findall(source)) if line not in known]
     if not new:
         return shared
-    at = have[-1] + 1 if have else 0
-    return "\n".join(lines[:at] + new + lines[at:])
+    if not have:
+        return "\n".join(new) + "\n" + shared
+    end = have[-1].end()  # the new lines go after the last origin line
+    return shared[:end] + "\n" + "\n".join(new) + shared[end:]

@@ -37,14 +37,15 @@ from glcomp.codegen.programs import NODE_NAME, ORIGIN, canonical, sharing_digest
 from glcomp.codegen.render import FUSED_ROOT, KernelRenderer, Rendered, safe_comment
 from glcomp.ir.ops import get_op
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DIGITS = re.compile(r"[0-9]+")
+# A run of digits inside an identifier: one that follows a letter or underscore (an identifier
+# runs over letters, digits and underscores, and starts at a letter or underscore).
+_NAME_DIGITS = re.compile(r"(?<=[A-Za-z_])[0-9]+")
 _CALL_LIKE = re.compile(r"\w\(")  # a word followed by a parenthesis: a call to drop_unused_helpers
 
 
 def _numbers_in_names(source: str) -> set[int]:
     """Every number written inside an identifier of `source`."""
-    return {int(d) for d in set(_DIGITS.findall(" ".join(set(_IDENTIFIER.findall(source)))))}
+    return {int(d) for d in set(_NAME_DIGITS.findall(source))}
 
 
 @dataclass(frozen=True)
@@ -85,18 +86,33 @@ def kernel_places(plan: KernelPlan, kernel: Kernel, position: Mapping[int, int])
     ]
 
 
-def shape_key(plan: KernelPlan, kernel: Kernel, hypers: Mapping[int, str], places: list[int]) -> Hashable:
-    """What rendering `kernel` depends on, nodes named by place (see the module docstring)."""
-    g, local = plan.graph, {n: i for i, n in enumerate(places)}
+def _node_facts(plan: KernelPlan, n: int, hypers: Mapping[int, str]) -> tuple[Any, ...]:
+    """What rendering reads of node `n` but its operands: op, shape, dtype, attributes (an
+    input's but its name), texture layout and hyper-parameter name."""
+    data = plan.graph.node(n)
+    attrs = tuple(sorted(data["attrs"].items()))
+    if data["op"] == "input":  # read as a texture or uniform: its name is the runtime's
+        attrs = tuple(kv for kv in attrs if kv[0] != "name")
+    return (data["op"], data["shape"], data["dtype"], attrs, plan.layouts.get(n), hypers.get(n))
+
+
+def shape_key(
+    plan: KernelPlan,
+    kernel: Kernel,
+    hypers: Mapping[int, str],
+    places: list[int],
+    facts: dict[int, tuple[Any, ...]] | None = None,
+) -> Hashable:
+    """What rendering `kernel` depends on, nodes named by place (see the module docstring).
+    `facts` remembers each node's `_node_facts` across the kernels of one plan and `hypers`."""
+    local = {n: i for i, n in enumerate(places)}
+    facts = {} if facts is None else facts
     nodes = []
     for n in places:
-        data = g.node(n)
-        operands = tuple(local.get(o, -1) for o in plan.operands[n])
-        attrs = tuple(sorted(data["attrs"].items()))
-        if data["op"] == "input":  # read as a texture or uniform: its name is the runtime's
-            attrs = tuple(kv for kv in attrs if kv[0] != "name")
-        layout = plan.layouts.get(n)
-        nodes.append((data["op"], data["shape"], data["dtype"], attrs, operands, layout, hypers.get(n)))
+        fact = facts.get(n)
+        if fact is None:
+            fact = facts[n] = _node_facts(plan, n, hypers)
+        nodes.append((fact, tuple(local.get(o, -1) for o in plan.operands[n])))
     comments = [safe_comment(o) for o in kernel.origins]
     spliced = not any(NODE_NAME.search(c) or _CALL_LIKE.search(c) for c in comments)
     return (
@@ -120,17 +136,20 @@ class RenderCache:
         self.lowered: dict[Hashable, list[tuple[Any, ...]]] = {}
         self._plan: KernelPlan | None = None
         self._position: dict[int, int] = {}
+        self._hypers: Mapping[int, str] = {}
+        self._facts: dict[int, tuple[Any, ...]] = {}  # _node_facts of the plan's nodes
 
     def lower(
         self, renderer: KernelRenderer, plan: KernelPlan, kernel: Kernel, hypers: dict[int, str]
     ) -> Lowered:
         """``Lowered.of(renderer.render(kernel, hypers))``, from an equal kernel lowered before
         where there is one."""
-        if self._plan is not plan:
+        if self._plan is not plan or self._hypers is not hypers:
             self._plan, self._position = plan, {n: i for i, n in enumerate(plan.order)}
+            self._hypers, self._facts = hypers, {}
         places = kernel_places(plan, kernel, self._position)
         origins = "".join(f"{ORIGIN}{safe_comment(o)}\n" for o in kernel.origins)
-        entries = self.lowered.setdefault(shape_key(plan, kernel, hypers, places), [])
+        entries = self.lowered.setdefault(shape_key(plan, kernel, hypers, places, self._facts), [])
         for pinned, (head, tail), samplers, uniforms, offsets, digest in entries:
             if all(places[i] == n for i, n in pinned):
                 return Lowered(
