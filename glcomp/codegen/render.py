@@ -67,28 +67,33 @@ def fragment_iterations(graph: Graph, roots: list[int], leaves: set[int], limit:
     kernel samples (no work); `limit` is the target's per-loop limit and `unroll` the body
     repetition of the rendered loops. Guarantee: never less than what the rendered shader runs."""
     memo: dict[int, int] = {}
+    return sum(4 * _calls(graph, r, leaves, limit, unroll, memo) for r in roots)
 
-    def calls(n: int) -> int:
-        rule = get_op(graph.op(n))
-        if n in leaves or rule.kind == "source":
-            return 0
-        if n in memo:
-            return memo[n]
-        ops = graph.operands(n)
-        if rule.kind in FUSED_ROOT:
-            total = sum(calls(o) for o in ops)
-        else:
-            trips, runs = loop_trips(_loop_extent(graph, n), limit, unroll)
-            if rule.loop_reads is None:
-                per_run = sum(calls(o) for o in ops)
-            else:  # an inner loop per iteration (max pooling's argmax), operands read several times
-                inner, reads = rule.loop_reads([graph.shape(o) for o in ops], graph.attrs(n))
-                per_run = inner + sum(k * calls(o) for k, o in zip(reads, ops, strict=True))
-            total = trips + runs * per_run
-        memo[n] = total
-        return total
 
-    return sum(4 * calls(r) for r in roots)
+def _calls(graph: Graph, n: int, leaves: set[int], limit: int, unroll: int, memo: dict[int, int]) -> int:
+    """Loop iterations one evaluation of node `n` runs (see `fragment_iterations`), remembered in
+    `memo` (a function of the module, not a closure: a recursive closure is a reference cycle
+    that only the cyclic garbage collector frees)."""
+    rule = get_op(graph.op(n))
+    if n in leaves or rule.kind == "source":
+        return 0
+    if n in memo:
+        return memo[n]
+    ops = graph.operands(n)
+    if rule.kind in FUSED_ROOT:
+        total = sum(_calls(graph, o, leaves, limit, unroll, memo) for o in ops)
+    else:
+        trips, runs = loop_trips(_loop_extent(graph, n), limit, unroll)
+        if rule.loop_reads is None:
+            per_run = sum(_calls(graph, o, leaves, limit, unroll, memo) for o in ops)
+        else:  # an inner loop per iteration (max pooling's argmax), operands read several times
+            inner, reads = rule.loop_reads([graph.shape(o) for o in ops], graph.attrs(n))
+            per_run = inner + sum(
+                k * _calls(graph, o, leaves, limit, unroll, memo) for k, o in zip(reads, ops, strict=True)
+            )
+        total = trips + runs * per_run
+    memo[n] = total
+    return total
 
 
 def root_template(graph: Graph, n: int) -> str:
