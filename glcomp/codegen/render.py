@@ -12,6 +12,7 @@ of its scalar function (`emit`); the renderer hands those hooks itself as their 
 from __future__ import annotations
 
 import math
+import pickle
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -111,14 +112,59 @@ def templates_dir() -> Path:
     raise GlcompError(f"GLSL templates not found next to {here}")
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _Environment(jinja2.Environment):
+    """Jinja's environment, reading ``x.name`` of a dict (every context value the renderer
+    builds) as ``x["name"]`` at once where ``name`` is no attribute of dicts: what Jinja's own
+    lookup returns after a failed attribute lookup, without raising AttributeError first."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                pass
+        return super().getattr(obj, attribute)
+
+
+class _TemplateCache(jinja2.FileSystemBytecodeCache):
+    """Jinja's cache of compiled templates on disk (a directory of the user's own, mode 0700,
+    under the temporary directory): a process loads the Python code of each template compiled
+    by an earlier one instead of parsing and compiling the template again (tens of milliseconds
+    per compile). An entry is used only for the exact template text and Python version it was
+    compiled from; a cache that cannot be read or written is passed over, never an error."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError):  # damaged: compile anew
+            bucket.reset()
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
+def _template_cache() -> jinja2.BytecodeCache | None:
+    try:
+        return _TemplateCache()
+    except (OSError, RuntimeError):  # no safe directory of the user's own: no cache
+        return None
+
+
 @cache
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    return _Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,  # a template asking for a missing value is a bug
         trim_blocks=False,
         keep_trailing_newline=True,
         auto_reload=False,  # templates do not change while a process runs: no stat per render
+        bytecode_cache=_template_cache(),
     )
 
 
