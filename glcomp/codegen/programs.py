@@ -22,7 +22,6 @@ from functools import lru_cache
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
 ORIGIN = "// from "  # an origin comment line starts so
 _ORIGIN = ORIGIN
-_ORIGIN_LINE = re.compile(f"^{re.escape(ORIGIN)}[^\n]*", re.MULTILINE)  # a whole origin comment line
 # The identifiers the renderer generates from node ids (what `canonical` renumbers).
 # Shaders are ASCII (generated names, filtered comments): ASCII classes scan them twice as fast.
 NODE_NAME = _NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b", re.ASCII)
@@ -151,7 +150,12 @@ def sharing_key(source: str) -> str:
 
 def sharing_digest(source: str) -> str:
     """A short hash of `sharing_key(source)`: equal for canonical sources that make one program."""
-    return hashlib.sha256(sharing_key(source).encode()).hexdigest()[:16]
+    return key_digest(sharing_key(source))
+
+
+def key_digest(key: str) -> str:
+    """The short hash `sharing_digest` gives a source whose `sharing_key` is `key`."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def merge_origins(shared: str, source: str) -> str:
@@ -159,12 +163,24 @@ def merge_origins(shared: str, source: str) -> str:
     the same `sharing_key`) added after its own, each origin once, in order of first appearance.
 
     Guarantee: only comment lines change; `sharing_key` of the result is that of both inputs."""
-    have = list(_ORIGIN_LINE.finditer(shared))
-    known = {m[0] for m in have}
-    new = [line for line in dict.fromkeys(_ORIGIN_LINE.findall(source)) if line not in known]
+    have = _origin_lines(shared)
+    known = {shared[a:b] for a, b in have}
+    new = [line for line in dict.fromkeys(source[a:b] for a, b in _origin_lines(source)) if line not in known]
     if not new:
         return shared
     if not have:
         return "\n".join(new) + "\n" + shared
-    end = have[-1].end()  # the new lines go after the last origin line
+    end = have[-1][1]  # the new lines go after the last origin line
     return shared[:end] + "\n" + "\n".join(new) + shared[end:]
+
+
+def _origin_lines(text: str) -> list[tuple[int, int]]:
+    """Where the origin comment lines of `text` are: (start, end) of each, without its newline."""
+    spans = []
+    at = 0 if text.startswith(ORIGIN) else text.find("\n" + ORIGIN) + 1
+    while at > 0 or (at == 0 and not spans and text.startswith(ORIGIN)):
+        end = text.find("\n", at)
+        end = len(text) if end < 0 else end
+        spans.append((at, end))
+        at = text.find("\n" + ORIGIN, end) + 1
+    return spans

@@ -75,11 +75,11 @@ def _calls(graph: Graph, n: int, leaves: set[int], limit: int, unroll: int, memo
     """Loop iterations one evaluation of node `n` runs (see `fragment_iterations`), remembered in
     `memo` (a function of the module, not a closure: a recursive closure is a reference cycle
     that only the cyclic garbage collector frees)."""
+    if n in memo:  # only nodes that are neither leaves nor sources are remembered
+        return memo[n]
     rule = get_op(graph.op(n))
     if n in leaves or rule.kind == "source":
         return 0
-    if n in memo:
-        return memo[n]
     ops = graph.operands(n)
     if rule.kind in FUSED_ROOT:
         total = sum(_calls(graph, o, leaves, limit, unroll, memo) for o in ops)

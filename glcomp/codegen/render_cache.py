@@ -33,7 +33,7 @@ from typing import Any
 
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.plan import Kernel
-from glcomp.codegen.programs import NODE_NAME, ORIGIN, canonical, sharing_digest
+from glcomp.codegen.programs import NODE_NAME, ORIGIN, canonical, key_digest, sharing_digest
 from glcomp.codegen.render import FUSED_ROOT, KernelRenderer, Rendered, safe_comment
 from glcomp.ir.ops import get_op
 
@@ -166,13 +166,14 @@ class RenderCache:
         if (origins and at <= 0) or lowered.source[at : at + len(origins)] != origins:
             return lowered  # not the layout this cache knows: rendered every time, never wrong
         head, tail = lowered.source[:at], lowered.source[at + len(origins) :]
-        if f"\n{ORIGIN}" in tail:
+        if f"\n{ORIGIN}" in tail or tail.startswith(ORIGIN) or head.startswith(ORIGIN):
             return lowered
         named = _numbers_in_names(head + tail)
         pinned = tuple((i, n) for i, n in enumerate(places) if n in named)
         place = {n: i for i, n in enumerate(places)}
         samplers = [(s, place[n], p) for s, n, p in lowered.samplers]
-        digest = lowered.digest
+        # the origin lines are the only ones sharing_key drops: it keeps head + tail
+        digest = key_digest(head + tail)
         entries.append(
             (pinned, (head, tail), samplers, list(lowered.uniforms), dict(lowered.offsets), digest)
         )
