@@ -129,6 +129,9 @@ def _outcome(bound, source: str) -> int | str:
 HEADERS = ["void main() {", "float f(int a) {", "int g() {", "vec4 h(vec4 (a)) {", "int k(int a[(2)]) {"]
 GOOD_LOOPS = ["for (int i = 0; i < 3; i++) {", "for (int j = 0; j < 70; j++) {", "for(int i=0;i<5;i++){"]
 BAD_LOOPS = [
+    "2for (int i = 0; i < 3; i++) {",
+    "x.for\t(int j=0;j<2;j++)\r\n{",
+    "3for(int kk = 0; kk < 9; kk++) {",
     "for (int i = 0; i < n; i++) {",
     "for (int for = 0; for < 2; for++) {",
     "for (int i = 0; i < 4; i += 1) {",
@@ -140,8 +143,21 @@ GOOD = [
 BAD = [
     *("main();", "i++;", "++i;", "i = 2;", "j += 1;", "i--;", "j <<= 1;", "2i = 1;", "while (true) { }"),
     *("do { } while (false);", "{", "}", "(", ")", ") {", "for", "#define X 1\n", "x = y\\\n;"),
+    *(
+        "3(x);",
+        "((1));",
+        "f(a)(b);",
+        "a+(b);",
+        "3 (x);",
+        "f)(;",
+        "){",
+        ")\r\n{",
+        "kk++;",
+        "x.i = 1;",
+        "1i++;",
+    ),
 ]
-SEPARATORS = st.sampled_from(["", " ", "\n", "\t"])
+SEPARATORS = st.sampled_from(["", " ", "\n", "\t", "\r\n"])
 
 
 def _program(statements: list[str], loops: list[str]) -> st.SearchStrategy[str]:
