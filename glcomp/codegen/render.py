@@ -84,7 +84,11 @@ def _calls(graph: Graph, n: int, leaves: set[int], limit: int, unroll: int, memo
     if rule.kind in FUSED_ROOT:
         total = sum(_calls(graph, o, leaves, limit, unroll, memo) for o in ops)
     else:
-        trips, runs = loop_trips(_loop_extent(graph, n), limit, unroll)
+        if rule.loop_extent is None:
+            raise GlcompError(f"no loop model for op {graph.op(n)!r} (node %{n})")
+        trips, runs = loop_trips(
+            rule.loop_extent([graph.shape(o) for o in ops], graph.attrs(n)), limit, unroll
+        )
         if rule.loop_reads is None:
             per_run = sum(_calls(graph, o, leaves, limit, unroll, memo) for o in ops)
         else:  # an inner loop per iteration (max pooling's argmax), operands read several times

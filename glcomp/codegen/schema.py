@@ -266,7 +266,8 @@ def _is_int(v: Any) -> bool:
 _COMMENT = re.compile(r"//[^\n]*|/\*(?:.|\n)*?\*/")
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[^ \t\r\n]")
 _TOKEN_SPLIT = re.compile(f"({_TOKEN.pattern})")
-_EVENTS = frozenset({"{", "}", "for", "while", "do"})  # tokens that act whatever follows them
+# Tokens that act whatever follows them, and "(" (the token before it acts).
+_EVENTS = frozenset({"{", "}", "for", "while", "do", "("})
 _FOR = re.compile(
     r"for[ \t\r\n]*\([ \t\r\n]*int[ \t\r\n]+([A-Za-z_][A-Za-z0-9_]*)[ \t\r\n]*=[ \t\r\n]*0[ \t\r\n]*;"
     r"[ \t\r\n]*\1[ \t\r\n]*<[ \t\r\n]*([0-9]{1,9})[ \t\r\n]*;[ \t\r\n]*\1[ \t\r\n]*\+\+[ \t\r\n]*\)"
@@ -321,11 +322,13 @@ def shader_loop_bound(source: str, where: str) -> int:
     # Only some tokens do anything below: braces, loop keywords, the token before each "(" and
     # the names of loop variables; the scans visit those alone, in order (every other token
     # leaves every variable as it was).
-    headers = [_FOR.match(text, starts[k]) for k, t in enumerate(toks) if t == "for"]
-    loop_vars = {found[1] for found in headers if found}
-    special = _EVENTS | loop_vars
-    events = {k for k, t in enumerate(toks) if t in special}
-    events = sorted(events.union([k - 1 for k, t in enumerate(toks) if t == "(" and k > 0]))
+    marks = [k for k, t in enumerate(toks) if t in _EVENTS]
+    loop_vars = {found[1] for k in marks if toks[k] == "for" and (found := _FOR.match(text, starts[k]))}
+    events = {k - 1 if toks[k] == "(" else k for k in marks}
+    if loop_vars:
+        events.update(k for k, t in enumerate(toks) if t in loop_vars)
+    events.discard(-1)  # a "(" that opens the shader follows no token
+    events = sorted(events)
     defined: set[str] = set()  # functions: NAME ( ... ) { at the top level
     depth = 0
     last_name = ""
