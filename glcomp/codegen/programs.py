@@ -112,13 +112,20 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
     local: dict[str, int] = {}
     renamed: dict[str, str] = {}
 
+    done: dict[str, str] = {}  # each name renamed: a name keeps its new name once it has one
+
     def rename(m: re.Match[str]) -> str:
+        name = m[0]
+        new = done.get(name)
+        if new is not None:
+            return new
         prefix, node, page = m.group(1), m.group(2), m.group(3)
         if prefix == "s" and page is None:
-            return m.group(0)  # s<digits> without a page is not a sampler the renderer names
-        index = local.setdefault(node, len(local))
-        new = f"{prefix}{index}{page or ''}"
-        renamed[m.group(0)] = new
+            new = name  # s<digits> without a page is not a sampler the renderer names
+        else:
+            index = local.setdefault(node, len(local))
+            new = renamed[name] = f"{prefix}{index}{page or ''}"
+        done[name] = new
         return new
 
     source = _NODE_NAME.sub(rename, source)
