@@ -202,6 +202,14 @@ class KernelRenderer:
         self.webgl1 = target.webgl1
         self.position = {n: i for i, n in enumerate(graph.topo())}
         self.want4 = set()
+        self._operands: dict[int, list[int]] = {}  # graph.operands, read once per node
+
+    def operands(self, n: int) -> list[int]:
+        """``graph.operands(n)`` (the graph does not change while its kernels are rendered)."""
+        ops = self._operands.get(n)
+        if ops is None:
+            ops = self._operands[n] = self.graph.operands(n)
+        return ops
 
     def fn(self, n: int) -> str:
         return f"v{n}"
@@ -224,7 +232,7 @@ class KernelRenderer:
         """The scalar GLSL function of fused node `n`: an elementwise op's expression over its
         operands, or the body its op's `emit` hook writes (movement, index, constants)."""
         g = self.graph
-        rule, shape, ins = get_op(g.op(n)), g.shape(n), g.operands(n)
+        rule, shape, ins = get_op(g.op(n)), g.shape(n), self.operands(n)
         args = _args(len(shape))
         sig = f"float v{n}({params(len(shape))})"
         lines: list[str]
@@ -336,7 +344,7 @@ class KernelRenderer:
             if (m, state) in seen:
                 continue
             seen.add((m, state))
-            for src in g.operands(m):
+            for src in self.operands(m):
                 if src not in body:
                     continue
                 if get_op(g.op(src)).kind not in FUSED_ROOT:
@@ -425,7 +433,7 @@ class KernelRenderer:
             row = _flat(lead, shape[:-1]) if lead else "0"
             return [f"return glc_fetch_{n}_4({row}, j0);"], [], []
         rule = get_op(g.op(n))
-        ins = g.operands(n)
+        ins = self.operands(n)
         if math.prod(shape) == 1:
             return [f"return vec4({self.call(n, ['0'] * len(shape))});"], [], [n]
         if rule.kind == "elementwise":
@@ -574,7 +582,7 @@ class KernelRenderer:
                 continue
             needed.add(n)
             if n not in kernel.leaves:
-                todo.extend(g.operands(n))
+                todo.extend(self.operands(n))
         for f in fetches:
             f["scalar"], f["vec4"] = f["node"] in needed, f["node"] in bodies
         functions = [self.leaf_function(leaf, uniform_of) for leaf in kernel.leaves if leaf in needed]
