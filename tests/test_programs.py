@@ -258,3 +258,12 @@ def test_merge_origins_adds_each_new_origin_once_after_the_last(shared: list[str
     merged = merge_origins(a, b)
     assert merged == _merge_origins_by_lines(a, b)
     assert sharing_key(merged) == sharing_key(a)
+
+
+def test_cache_pins_only_node_ids_that_canonical_form_keeps() -> None:
+    """A cached shader is reused for other nodes unless it names their ids: renumbered names
+    (v3, s4_0) hold indices, so only the numbers of other names (glc_f12, s5, i0) pin places."""
+    from glcomp.codegen.render_cache import _numbers_in_names
+
+    source = "float v3(int i0) { return glc_f12 + texture(s4_0, c).x + s5 + v3_4(i0).x + glc_t_v7(1); }"
+    assert _numbers_in_names(source) == {0, 12, 5}

@@ -44,8 +44,11 @@ _CALL_LIKE = re.compile(r"\w\(")  # a word followed by a parenthesis: a call to 
 
 
 def _numbers_in_names(source: str) -> set[int]:
-    """Every number written inside an identifier of `source`."""
-    return {int(d) for d in set(_NAME_DIGITS.findall(source))}
+    """Every number written inside an identifier of the canonical `source` but those canonical()
+    wrote: its renumbered names (every NODE_NAME but a sampler-like ``s<digits>`` without a page,
+    which it keeps) hold indices of first appearance, not node ids."""
+    kept = NODE_NAME.sub(lambda m: m[0] if m[1] == "s" and m[3] is None else " ", source)
+    return {int(d) for d in set(_NAME_DIGITS.findall(kept))}
 
 
 @dataclass(frozen=True)
