@@ -21,10 +21,9 @@ from functools import lru_cache
 
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
 ORIGIN = "// from "  # an origin comment line starts so
-_ORIGIN = ORIGIN
 # The identifiers the renderer generates from node ids (what `canonical` renumbers).
 # Shaders are ASCII (generated names, filtered comments): ASCII classes scan them twice as fast.
-NODE_NAME = _NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b", re.ASCII)
+NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b", re.ASCII)
 # A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
 _VIEW_CALL = re.compile(r"^(\s*return v\d+(?:_4)?\()(.*)(\);)$", re.MULTILINE)  # v<k>_4: a texel
 _OFFSET = re.compile(r"\((i\d+|j0) ([+-]) (\d+)\)")
@@ -128,7 +127,7 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
         done[name] = new
         return new
 
-    source = _NODE_NAME.sub(rename, source)
+    source = NODE_NAME.sub(rename, source)
     offsets: dict[str, int] = {}
 
     def lift(m: re.Match[str]) -> str:
@@ -152,7 +151,7 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
 def sharing_key(source: str) -> str:
     """What makes two canonical sources one program: the text without its origin comments (which
     name the model parts a kernel came from and change nothing the GPU computes)."""
-    return "\n".join(line for line in source.split("\n") if not line.startswith(_ORIGIN))
+    return "\n".join(line for line in source.split("\n") if not line.startswith(ORIGIN))
 
 
 def sharing_digest(source: str) -> str:
