@@ -7,11 +7,13 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import glcomp
 from glcomp import nn, optim
 from glcomp.codegen.bundle import build_bundle
-from glcomp.codegen.programs import canonical
+from glcomp.codegen.programs import canonical, merge_origins, sharing_key
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "char_gpt.py"
 
@@ -170,3 +172,98 @@ def test_kernels_lowered_once_equal_their_own_rendering(monkeypatch: Any) -> Non
     build_bundle(prog)
     rendered = sum(len(entries) for cache in caches.values() for entries in cache.lowered.values())
     assert rendered < 0.75 * len(checked), (len(checked), rendered)  # many came from the cache
+
+
+class _NamedHeads(nn.Module):
+    """Identical heads whose kernels differ only in node ids and origins; one head's name reads
+    like a generated identifier (``v1``), so its origin comments could be mistaken for code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.b = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.v1 = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+    def forward(self, x):
+        return self.a(x) * self.b(x) + self.v1(x)
+
+
+def _tiny_gpt(n_layer: int) -> glcomp.Program:
+    gpt = ModuleType("char_gpt_tiny")
+    gpt.__file__ = str(EXAMPLE)
+    exec(compile(EXAMPLE.read_text(encoding="utf-8"), str(EXAMPLE), "exec"), gpt.__dict__)
+    gpt.__dict__.update(batch_size=2, block_size=8, n_embd=16, n_head=2, n_layer=n_layer, dropout=0.0)
+    glcomp.manual_seed(0)
+    model = gpt.GPTLanguageModel()
+    spec = {"shape": (2, 8), "dtype": "int32", "num_classes": gpt.vocab_size}
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    return glcomp.compile(model, {"idx": (2, 8)}, "forward", opt, target_name="targets", target_spec=spec)
+
+
+def test_kernels_differing_only_in_origins_render_once(monkeypatch: Any) -> None:
+    """Kernels of different model parts (the two blocks of a GPT) are rendered once and each gets
+    its own origin comments: every lowered shader equals its own rendering, yet fewer renders
+    happen than there are distinct shaders. Origins that read like code are kept apart."""
+    from glcomp.codegen import render, render_cache
+
+    renders: list[str] = []
+    sources: set[str] = set()
+    render_kernel = render.KernelRenderer.render
+    lower = render_cache.RenderCache.lower
+
+    def counted(self: Any, kernel: Any, hypers: Any) -> Any:
+        renders.append(kernel.name)
+        return render_kernel(self, kernel, hypers)
+
+    def checked_lower(self: Any, renderer: Any, plan: Any, kernel: Any, hypers: Any) -> Any:
+        got = lower(self, renderer, plan, kernel, hypers)
+        fresh = render_cache.Lowered.of(render_kernel(renderer, kernel, hypers))
+        assert got == fresh, kernel.name
+        assert got.digest == render_cache.Lowered(fresh.source, [], [], {}).digest, kernel.name
+        sources.add(got.source)
+        return got
+
+    monkeypatch.setattr(render.KernelRenderer, "render", counted)
+    monkeypatch.setattr(render_cache.RenderCache, "lower", checked_lower)
+    glcomp.manual_seed(0)
+    prog = glcomp.compile(_NamedHeads(), {"x": (4, 8)}, loss=nn.MSELoss(), optimizer=optim.SGD(lr=0.1))
+    text = "\n".join(build_bundle(prog).shaders.values())
+    for head in ("a", "b"):
+        assert f"// from {head}.0 (Linear) [grad]" in text
+    renders.clear()
+    sources.clear()
+    build_bundle(_tiny_gpt(2))
+    assert len(renders) < len(sources), (len(renders), len(sources))
+
+
+def _merge_origins_by_lines(shared: str, source: str) -> str:
+    """merge_origins spelled out over lines (the definition its faster scan must keep)."""
+    lines = shared.split("\n")
+    have = [k for k, line in enumerate(lines) if line.startswith("// from ")]
+    new = [line for line in dict.fromkeys(source.split("\n")) if line.startswith("// from ")]
+    new = [line for line in new if line not in {lines[k] for k in have}]
+    if not new:
+        return shared
+    at = have[-1] + 1 if have else 0
+    return "\n".join(lines[:at] + new + lines[at:])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from(["// from a", "// from b (X)", "x = 1;", "", "// note", "//from c"])),
+    st.lists(st.sampled_from(["// from a", "// from c", "// from b (X)", "y;", "", "// from d\r"])),
+)
+def test_merge_origins_adds_each_new_origin_once_after_the_last(shared: list[str], source: list[str]) -> None:
+    a, b = "\n".join(shared), "\n".join(source)
+    merged = merge_origins(a, b)
+    assert merged == _merge_origins_by_lines(a, b)
+    assert sharing_key(merged) == sharing_key(a)
+
+
+def test_cache_pins_only_node_ids_that_canonical_form_keeps() -> None:
+    """A cached shader is reused for other nodes unless it names their ids: renumbered names
+    (v3, s4_0) hold indices, so only the numbers of other names (glc_f12, s5, i0) pin places."""
+    from glcomp.codegen.render_cache import _numbers_in_names
+
+    source = "float v3(int i0) { return glc_f12 + texture(s4_0, c).x + s5 + v3_4(i0).x + glc_t_v7(1); }"
+    assert _numbers_in_names(source) == {0, 12, 5}

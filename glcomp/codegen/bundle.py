@@ -7,7 +7,6 @@ schema in glcomp/codegen/schema.py. Nothing in a bundle is ever executed as Pyth
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from glcomp.codegen.options import PASSES as OPTION_PASSES
 from glcomp.codegen.options import STORAGE, CompileOptions
 from glcomp.codegen.passes.memplan import Pool
 from glcomp.codegen.pipeline import check_pass_name, run_pipeline
-from glcomp.codegen.programs import merge_origins, sharing_key
+from glcomp.codegen.programs import merge_origins
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.render_cache import Lowered, RenderCache
 from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
@@ -307,7 +306,7 @@ def _draws(
     for rendered, targets, out in parts:
         # Kernels that differ only in node ids (each step of a recurrence) share one program.
         source, samplers, offsets = rendered.source, rendered.samplers, rendered.offsets
-        digest = hashlib.sha256(sharing_key(source).encode()).hexdigest()[:16]
+        digest = rendered.digest
         if digest in by_source:  # shared: the program's shader also names this kernel's origins
             fragment = f"{by_source[digest]}.frag"
             shaders[fragment] = merge_origins(shaders[fragment], source)

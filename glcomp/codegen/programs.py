@@ -15,20 +15,25 @@ draw, so the steps of a recurrence share a program.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import lru_cache
 
 _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
-_ORIGIN = "// from "
-_NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b")
+ORIGIN = "// from "  # an origin comment line starts so
+# The identifiers the renderer generates from node ids (what `canonical` renumbers).
+# Shaders are ASCII (generated names, filtered comments): ASCII classes scan them twice as fast.
+NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b", re.ASCII)
 # A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
 _VIEW_CALL = re.compile(r"^(\s*return v\d+(?:_4)?\()(.*)(\);)$", re.MULTILINE)  # v<k>_4: a texel
 _OFFSET = re.compile(r"\((i\d+|j0) ([+-]) (\d+)\)")
 _DECLARATIONS = "uniform int u_page_offset;\n"
 MAX_OFFSET = 1 << 24  # integer uniforms must stay exact in highp int and in JSON numbers
 # Helper functions of the shared prelude (glc_*, imod, iclamp): kept only where called.
-_HELPER = re.compile(r"^(?:void|float|int|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE)
-_CALL = re.compile(r"\b(\w+)\(")  # a call (or a definition) of any function: its whole name
+_HELPER = re.compile(
+    r"^(?:void|float|int|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE | re.ASCII
+)
+_CALL = re.compile(r"\b(\w++)\(", re.ASCII)  # a call (or a definition) of any function: its whole name
 
 
 @lru_cache(maxsize=1024)
@@ -106,16 +111,23 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
     local: dict[str, int] = {}
     renamed: dict[str, str] = {}
 
+    done: dict[str, str] = {}  # each name renamed: a name keeps its new name once it has one
+
     def rename(m: re.Match[str]) -> str:
+        name = m[0]
+        new = done.get(name)
+        if new is not None:
+            return new
         prefix, node, page = m.group(1), m.group(2), m.group(3)
         if prefix == "s" and page is None:
-            return m.group(0)  # s<digits> without a page is not a sampler the renderer names
-        index = local.setdefault(node, len(local))
-        new = f"{prefix}{index}{page or ''}"
-        renamed[m.group(0)] = new
+            new = name  # s<digits> without a page is not a sampler the renderer names
+        else:
+            index = local.setdefault(node, len(local))
+            new = renamed[name] = f"{prefix}{index}{page or ''}"
+        done[name] = new
         return new
 
-    source = _NODE_NAME.sub(rename, source)
+    source = NODE_NAME.sub(rename, source)
     offsets: dict[str, int] = {}
 
     def lift(m: re.Match[str]) -> str:
@@ -139,7 +151,17 @@ def canonical(source: str) -> tuple[str, dict[str, str], dict[str, int]]:
 def sharing_key(source: str) -> str:
     """What makes two canonical sources one program: the text without its origin comments (which
     name the model parts a kernel came from and change nothing the GPU computes)."""
-    return "\n".join(line for line in source.split("\n") if not line.startswith(_ORIGIN))
+    return "\n".join(line for line in source.split("\n") if not line.startswith(ORIGIN))
+
+
+def sharing_digest(source: str) -> str:
+    """A short hash of `sharing_key(source)`: equal for canonical sources that make one program."""
+    return key_digest(sharing_key(source))
+
+
+def key_digest(key: str) -> str:
+    """The short hash `sharing_digest` gives a source whose `sharing_key` is `key`."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def merge_origins(shared: str, source: str) -> str:
@@ -147,11 +169,24 @@ def merge_origins(shared: str, source: str) -> str:
     the same `sharing_key`) added after its own, each origin once, in order of first appearance.
 
     Guarantee: only comment lines change; `sharing_key` of the result is that of both inputs."""
-    lines = shared.split("\n")
-    have = [k for k, line in enumerate(lines) if line.startswith(_ORIGIN)]
-    new = [line for line in dict.fromkeys(source.split("\n")) if line.startswith(_ORIGIN)]
-    new = [line for line in new if line not in {lines[k] for k in have}]
+    have = _origin_lines(shared)
+    known = {shared[a:b] for a, b in have}
+    new = [line for line in dict.fromkeys(source[a:b] for a, b in _origin_lines(source)) if line not in known]
     if not new:
         return shared
-    at = have[-1] + 1 if have else 0
-    return "\n".join(lines[:at] + new + lines[at:])
+    if not have:
+        return "\n".join(new) + "\n" + shared
+    end = have[-1][1]  # the new lines go after the last origin line
+    return shared[:end] + "\n" + "\n".join(new) + shared[end:]
+
+
+def _origin_lines(text: str) -> list[tuple[int, int]]:
+    """Where the origin comment lines of `text` are: (start, end) of each, without its newline."""
+    spans = []
+    at = 0 if text.startswith(ORIGIN) else text.find("\n" + ORIGIN) + 1
+    while at > 0 or (at == 0 and not spans and text.startswith(ORIGIN)):
+        end = text.find("\n", at)
+        end = len(text) if end < 0 else end
+        spans.append((at, end))
+        at = text.find("\n" + ORIGIN, end) + 1
+    return spans

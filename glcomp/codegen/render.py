@@ -67,28 +67,37 @@ def fragment_iterations(graph: Graph, roots: list[int], leaves: set[int], limit:
     kernel samples (no work); `limit` is the target's per-loop limit and `unroll` the body
     repetition of the rendered loops. Guarantee: never less than what the rendered shader runs."""
     memo: dict[int, int] = {}
+    return sum(4 * _calls(graph, r, leaves, limit, unroll, memo) for r in roots)
 
-    def calls(n: int) -> int:
-        rule = get_op(graph.op(n))
-        if n in leaves or rule.kind == "source":
-            return 0
-        if n in memo:
-            return memo[n]
-        ops = graph.operands(n)
-        if rule.kind in FUSED_ROOT:
-            total = sum(calls(o) for o in ops)
-        else:
-            trips, runs = loop_trips(_loop_extent(graph, n), limit, unroll)
-            if rule.loop_reads is None:
-                per_run = sum(calls(o) for o in ops)
-            else:  # an inner loop per iteration (max pooling's argmax), operands read several times
-                inner, reads = rule.loop_reads([graph.shape(o) for o in ops], graph.attrs(n))
-                per_run = inner + sum(k * calls(o) for k, o in zip(reads, ops, strict=True))
-            total = trips + runs * per_run
-        memo[n] = total
-        return total
 
-    return sum(4 * calls(r) for r in roots)
+def _calls(graph: Graph, n: int, leaves: set[int], limit: int, unroll: int, memo: dict[int, int]) -> int:
+    """Loop iterations one evaluation of node `n` runs (see `fragment_iterations`), remembered in
+    `memo` (a function of the module, not a closure: a recursive closure is a reference cycle
+    that only the cyclic garbage collector frees)."""
+    if n in memo:  # only nodes that are neither leaves nor sources are remembered
+        return memo[n]
+    rule = get_op(graph.op(n))
+    if n in leaves or rule.kind == "source":
+        return 0
+    ops = graph.operands(n)
+    if rule.kind in FUSED_ROOT:
+        total = sum(_calls(graph, o, leaves, limit, unroll, memo) for o in ops)
+    else:
+        if rule.loop_extent is None:
+            raise GlcompError(f"no loop model for op {graph.op(n)!r} (node %{n})")
+        trips, runs = loop_trips(
+            rule.loop_extent([graph.shape(o) for o in ops], graph.attrs(n)), limit, unroll
+        )
+        if rule.loop_reads is None:
+            per_run = sum(_calls(graph, o, leaves, limit, unroll, memo) for o in ops)
+        else:  # an inner loop per iteration (max pooling's argmax), operands read several times
+            inner, reads = rule.loop_reads([graph.shape(o) for o in ops], graph.attrs(n))
+            per_run = inner + sum(
+                k * _calls(graph, o, leaves, limit, unroll, memo) for k, o in zip(reads, ops, strict=True)
+            )
+        total = trips + runs * per_run
+    memo[n] = total
+    return total
 
 
 def root_template(graph: Graph, n: int) -> str:
@@ -106,9 +115,26 @@ def templates_dir() -> Path:
     raise GlcompError(f"GLSL templates not found next to {here}")
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _Environment(jinja2.Environment):
+    """Jinja's environment, reading ``x.name`` of a dict (every context value the renderer
+    builds) as ``x["name"]`` at once where ``name`` is no attribute of dicts: what Jinja's own
+    lookup returns after a failed attribute lookup, without raising AttributeError first."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                pass
+        return super().getattr(obj, attribute)
+
+
 @cache
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    return _Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,  # a template asking for a missing value is a bug
         trim_blocks=False,
@@ -147,6 +173,14 @@ class KernelRenderer:
         self.webgl1 = target.webgl1
         self.position = {n: i for i, n in enumerate(graph.topo())}
         self.want4 = set()
+        self._operands: dict[int, list[int]] = {}  # graph.operands, read once per node
+
+    def operands(self, n: int) -> list[int]:
+        """``graph.operands(n)`` (the graph does not change while its kernels are rendered)."""
+        ops = self._operands.get(n)
+        if ops is None:
+            ops = self._operands[n] = self.graph.operands(n)
+        return ops
 
     def fn(self, n: int) -> str:
         return f"v{n}"
@@ -169,7 +203,7 @@ class KernelRenderer:
         """The scalar GLSL function of fused node `n`: an elementwise op's expression over its
         operands, or the body its op's `emit` hook writes (movement, index, constants)."""
         g = self.graph
-        rule, shape, ins = get_op(g.op(n)), g.shape(n), g.operands(n)
+        rule, shape, ins = get_op(g.op(n)), g.shape(n), self.operands(n)
         args = _args(len(shape))
         sig = f"float v{n}({params(len(shape))})"
         lines: list[str]
@@ -281,7 +315,7 @@ class KernelRenderer:
             if (m, state) in seen:
                 continue
             seen.add((m, state))
-            for src in g.operands(m):
+            for src in self.operands(m):
                 if src not in body:
                     continue
                 if get_op(g.op(src)).kind not in FUSED_ROOT:
@@ -370,7 +404,7 @@ class KernelRenderer:
             row = _flat(lead, shape[:-1]) if lead else "0"
             return [f"return glc_fetch_{n}_4({row}, j0);"], [], []
         rule = get_op(g.op(n))
-        ins = g.operands(n)
+        ins = self.operands(n)
         if math.prod(shape) == 1:
             return [f"return vec4({self.call(n, ['0'] * len(shape))});"], [], [n]
         if rule.kind == "elementwise":
@@ -519,7 +553,7 @@ class KernelRenderer:
                 continue
             needed.add(n)
             if n not in kernel.leaves:
-                todo.extend(g.operands(n))
+                todo.extend(self.operands(n))
         for f in fetches:
             f["scalar"], f["vec4"] = f["node"] in needed, f["node"] in bodies
         functions = [self.leaf_function(leaf, uniform_of) for leaf in kernel.leaves if leaf in needed]

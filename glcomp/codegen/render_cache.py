@@ -6,38 +6,49 @@ stacked layers or attention heads at every layer or head), and `predict`, `gradi
 `train_step` are planned from graphs that share most of their nodes. Program sharing already
 makes such kernels one program; this cache also renders them once.
 
-A kernel's `shape_key` holds everything its rendering reads, with every node named by its
-place in the kernel (leaves in order, then the fused nodes and elementwise roots in the
-renderer's topological order, then the other roots) instead of its id: the template and
-origins, which places are roots and body, and for every node its op, shape, dtype, attributes,
-origin, operands (places; -1 outside the kernel), texture layout and hyper-parameter name.
-Two kernels with equal keys render to the same text up to a renaming of node ids, so they have
-the same canonical source, offsets and uniforms, and samplers at the same places, except where
-the renderer writes a node id into a name that canonical() does not renumber (such as the
-flat-index variable of a vec4 cache): a kernel is taken from the cache only when its nodes at
-the places whose ids appear in the cached source are the same nodes.
+A kernel's `shape_key` holds everything its rendering reads but its origins, with every node
+named by its place in the kernel (leaves in order, then the fused nodes and elementwise roots in
+the renderer's topological order, then the other roots) instead of its id: the template, which
+places are roots and body, and for every node its op, shape, dtype, attributes (an input's
+but its name, which only the runtime reads), operands (places; -1 outside the kernel), texture
+layout and hyper-parameter name.
+Two kernels with equal keys render to the same text up to a renaming of node ids and their
+origin comments, so they have the same canonical source but for those comments, offsets and
+uniforms, and samplers at the same places, except where the renderer writes a node id into a
+name that canonical() does not renumber (such as the flat-index variable of a vec4 cache): a
+kernel is taken from the cache only when its nodes at the places whose ids appear in the cached
+source are the same nodes. Origins (the model parts a kernel came from) reach the shader only as
+its ``// from <origin>`` comment lines, one block where the node list was: the cache keeps the
+source without them and writes each kernel's own (the layers of a stack, the heads of an
+attention layer render once). An origin whose comment canonical() could read as code (a
+generated name in it, or a word followed by a parenthesis) keeps the origins in the key.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import Kernel
-from glcomp.codegen.programs import canonical
-from glcomp.codegen.render import FUSED_ROOT, KernelRenderer, Rendered
+from glcomp.codegen.programs import NODE_NAME, ORIGIN, canonical, key_digest, sharing_digest
+from glcomp.codegen.render import FUSED_ROOT, KernelRenderer, Rendered, safe_comment
 from glcomp.ir.ops import get_op
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DIGITS = re.compile(r"[0-9]+")
+# A run of digits inside an identifier: one that follows a letter or underscore (an identifier
+# runs over letters, digits and underscores, and starts at a letter or underscore).
+_NAME_DIGITS = re.compile(r"(?<=[A-Za-z_])[0-9]+")
+_CALL_LIKE = re.compile(r"\w\(")  # a word followed by a parenthesis: a call to drop_unused_helpers
 
 
 def _numbers_in_names(source: str) -> set[int]:
-    """Every number written inside an identifier of `source`."""
-    return {int(d) for d in set(_DIGITS.findall(" ".join(set(_IDENTIFIER.findall(source)))))}
+    """Every number written inside an identifier of the canonical `source` but those canonical()
+    wrote: its renumbered names (every NODE_NAME but a sampler-like ``s<digits>`` without a page,
+    which it keeps) hold indices of first appearance, not node ids."""
+    kept = NODE_NAME.sub(lambda m: m[0] if m[1] == "s" and m[3] is None else " ", source)
+    return {int(d) for d in set(_NAME_DIGITS.findall(kept))}
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,8 @@ class Lowered:
     samplers: list[tuple[str, int, int]]
     uniforms: list[tuple[str, str]]
     offsets: dict[str, int]
+    # programs.sharing_digest(source) where already known (kernels lowered from the cache)
+    known_digest: str | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, rendered: Rendered) -> Lowered:
@@ -57,6 +70,11 @@ class Lowered:
         source, renamed, offsets = canonical(rendered.source)
         samplers = [(renamed.get(s, s), n, p) for s, n, p in rendered.samplers]
         return cls(source, samplers, list(rendered.uniforms), offsets)
+
+    @property
+    def digest(self) -> str:
+        """programs.sharing_digest of the source: equal for sources that make one program."""
+        return self.known_digest if self.known_digest is not None else sharing_digest(self.source)
 
 
 def kernel_places(plan: KernelPlan, kernel: Kernel, position: Mapping[int, int]) -> list[int]:
@@ -71,21 +89,38 @@ def kernel_places(plan: KernelPlan, kernel: Kernel, position: Mapping[int, int])
     ]
 
 
-def shape_key(plan: KernelPlan, kernel: Kernel, hypers: Mapping[int, str], places: list[int]) -> Hashable:
-    """What rendering `kernel` depends on, nodes named by place (see the module docstring)."""
-    g, local = plan.graph, {n: i for i, n in enumerate(places)}
+def _node_facts(plan: KernelPlan, n: int, hypers: Mapping[int, str]) -> tuple[Any, ...]:
+    """What rendering reads of node `n` but its operands: op, shape, dtype, attributes (an
+    input's but its name), texture layout and hyper-parameter name."""
+    data = plan.graph.node(n)
+    attrs = tuple(sorted(data["attrs"].items()))
+    if data["op"] == "input":  # read as a texture or uniform: its name is the runtime's
+        attrs = tuple(kv for kv in attrs if kv[0] != "name")
+    return (data["op"], data["shape"], data["dtype"], attrs, plan.layouts.get(n), hypers.get(n))
+
+
+def shape_key(
+    plan: KernelPlan,
+    kernel: Kernel,
+    hypers: Mapping[int, str],
+    places: list[int],
+    facts: dict[int, tuple[Any, ...]] | None = None,
+) -> Hashable:
+    """What rendering `kernel` depends on, nodes named by place (see the module docstring).
+    `facts` remembers each node's `_node_facts` across the kernels of one plan and `hypers`."""
+    local = {n: i for i, n in enumerate(places)}
+    facts = {} if facts is None else facts
     nodes = []
     for n in places:
-        data = g.node(n)
-        operands = tuple(local.get(o, -1) for o in plan.operands[n])
-        attrs = tuple(sorted(data["attrs"].items()))
-        layout = plan.layouts.get(n)
-        nodes.append(
-            (data["op"], data["shape"], data["dtype"], attrs, data["origin"], operands, layout, hypers.get(n))
-        )
+        fact = facts.get(n)
+        if fact is None:
+            fact = facts[n] = _node_facts(plan, n, hypers)
+        nodes.append((fact, tuple(local.get(o, -1) for o in plan.operands[n])))
+    comments = [safe_comment(o) for o in kernel.origins]
+    spliced = not any(NODE_NAME.search(c) or _CALL_LIKE.search(c) for c in comments)
     return (
         kernel.template,
-        tuple(kernel.origins),
+        bool(comments) if spliced else tuple(comments),
         len(kernel.leaves),
         tuple(local[r] for r in kernel.roots),
         tuple(local[b] for b in kernel.body),
@@ -98,30 +133,51 @@ class RenderCache:
     cache per bundle: the target is the same for every entry point)."""
 
     def __init__(self) -> None:
-        # shape key -> [(pinned, source, samplers as (name, place, page), uniforms, offsets)]:
-        # `pinned` holds (place, node) for every place whose node id the source may name
+        # shape key -> [(pinned, (head, tail), samplers as (name, place, page), uniforms, offsets,
+        # digest)]: `pinned` holds (place, node) for every place whose node id the source may
+        # name; the source is head + the kernel's origin comments + tail
         self.lowered: dict[Hashable, list[tuple[Any, ...]]] = {}
         self._plan: KernelPlan | None = None
         self._position: dict[int, int] = {}
+        self._hypers: Mapping[int, str] = {}
+        self._facts: dict[int, tuple[Any, ...]] = {}  # _node_facts of the plan's nodes
 
     def lower(
         self, renderer: KernelRenderer, plan: KernelPlan, kernel: Kernel, hypers: dict[int, str]
     ) -> Lowered:
         """``Lowered.of(renderer.render(kernel, hypers))``, from an equal kernel lowered before
         where there is one."""
-        if self._plan is not plan:
+        if self._plan is not plan or self._hypers is not hypers:
             self._plan, self._position = plan, {n: i for i, n in enumerate(plan.order)}
+            self._hypers, self._facts = hypers, {}
         places = kernel_places(plan, kernel, self._position)
-        entries = self.lowered.setdefault(shape_key(plan, kernel, hypers, places), [])
-        for pinned, source, samplers, uniforms, offsets in entries:
+        origins = "".join(f"{ORIGIN}{safe_comment(o)}\n" for o in kernel.origins)
+        entries = self.lowered.setdefault(shape_key(plan, kernel, hypers, places, self._facts), [])
+        for pinned, (head, tail), samplers, uniforms, offsets, digest in entries:
             if all(places[i] == n for i, n in pinned):
                 return Lowered(
-                    source, [(s, places[i], p) for s, i, p in samplers], list(uniforms), dict(offsets)
+                    head + origins + tail,
+                    [(s, places[i], p) for s, i, p in samplers],
+                    list(uniforms),
+                    dict(offsets),
+                    digest,
                 )
         lowered = Lowered.of(renderer.render(kernel, hypers))
-        named = _numbers_in_names(lowered.source)
+        # kernels without origins share entries only with each other (the key says which): their
+        # comments go anywhere, the head is empty
+        at = lowered.source.find(f"\n{ORIGIN}") + 1 if origins else 0
+        if (origins and at <= 0) or lowered.source[at : at + len(origins)] != origins:
+            return lowered  # not the layout this cache knows: rendered every time, never wrong
+        head, tail = lowered.source[:at], lowered.source[at + len(origins) :]
+        if f"\n{ORIGIN}" in tail or tail.startswith(ORIGIN) or head.startswith(ORIGIN):
+            return lowered
+        named = _numbers_in_names(head + tail)
         pinned = tuple((i, n) for i, n in enumerate(places) if n in named)
         place = {n: i for i, n in enumerate(places)}
         samplers = [(s, place[n], p) for s, n, p in lowered.samplers]
-        entries.append((pinned, lowered.source, samplers, list(lowered.uniforms), dict(lowered.offsets)))
-        return lowered
+        # the origin lines are the only ones sharing_key drops: it keeps head + tail
+        digest = key_digest(head + tail)
+        entries.append(
+            (pinned, (head, tail), samplers, list(lowered.uniforms), dict(lowered.offsets), digest)
+        )
+        return Lowered(lowered.source, lowered.samplers, lowered.uniforms, lowered.offsets, digest)

@@ -26,6 +26,8 @@ import shutil
 import stat
 import tempfile
 import threading
+from bisect import bisect_left
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +265,9 @@ def _is_int(v: Any) -> bool:
 # -- loops in shaders: every one constant-bounded, with an upper bound of iterations ---------------
 _COMMENT = re.compile(r"//[^\n]*|/\*(?:.|\n)*?\*/")
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[^ \t\r\n]")
+_TOKEN_SPLIT = re.compile(f"({_TOKEN.pattern})")
+# Tokens that act whatever follows them, and "(" (the token before it acts).
+_EVENTS = frozenset({"{", "}", "for", "while", "do", "("})
 _FOR = re.compile(
     r"for[ \t\r\n]*\([ \t\r\n]*int[ \t\r\n]+([A-Za-z_][A-Za-z0-9_]*)[ \t\r\n]*=[ \t\r\n]*0[ \t\r\n]*;"
     r"[ \t\r\n]*\1[ \t\r\n]*<[ \t\r\n]*([0-9]{1,9})[ \t\r\n]*;[ \t\r\n]*\1[ \t\r\n]*\+\+[ \t\r\n]*\)"
@@ -307,18 +312,35 @@ def shader_loop_bound(source: str, where: str) -> int:
         line = line.strip(" \t\r")
         if line.startswith("#") and not _DIRECTIVE.fullmatch(line.rstrip(" \t")):
             raise fail(f"preprocessor directive {line[:60]!r} is not allowed")
-    tokens = [(mt[0], mt.start()) for mt in _TOKEN.finditer(text)]
+    # Tokens and where each starts: split keeps the tokens at odd indices, the whitespace
+    # between them at even ones, so the running sum of lengths gives every start at C speed.
+    parts = _TOKEN_SPLIT.split(text)
+    toks = parts[1::2]
+    ends = list(accumulate(map(len, parts)))
+    starts = ends[0::2][: len(toks)]  # token k (parts[2k + 1]) starts after parts[0 .. 2k]
+    count = len(toks)
+    # Only some tokens do anything below: braces, loop keywords, the token before each "(" and
+    # the names of loop variables; the scans visit those alone, in order (every other token
+    # leaves every variable as it was).
+    marks = [k for k, t in enumerate(toks) if t in _EVENTS]
+    loop_vars = {found[1] for k in marks if toks[k] == "for" and (found := _FOR.match(text, starts[k]))}
+    events = {k - 1 if toks[k] == "(" else k for k in marks}
+    if loop_vars:
+        events.update(k for k, t in enumerate(toks) if t in loop_vars)
+    events.discard(-1)  # a "(" that opens the shader follows no token
+    events = sorted(events)
     defined: set[str] = set()  # functions: NAME ( ... ) { at the top level
     depth = 0
     last_name = ""
-    for i, (tok, _) in enumerate(tokens):
+    for i in events:
+        tok = toks[i]
         if tok == "{":
-            if depth == 0 and i > 0 and tokens[i - 1][0] == ")":
+            if depth == 0 and i > 0 and toks[i - 1] == ")":
                 defined.add(last_name)
             depth += 1
         elif tok == "}":
             depth -= 1
-        elif depth == 0 and i + 1 < len(tokens) and tokens[i + 1][0] == "(":
+        elif depth == 0 and i + 1 < count and toks[i + 1] == "(":
             last_name = tok
     bounds: dict[str, int] = {}
     depth = 0
@@ -326,11 +348,13 @@ def shader_loop_bound(source: str, where: str) -> int:
     last_name = ""
     total = 0
     loops: list[tuple[str, int, int]] = []  # (variable, iterations including this loop's, depth)
-    i = 0
-    while i < len(tokens):
-        tok, pos = tokens[i]
+    skip_to = 0  # tokens before this one belong to a loop header already read
+    for i in events:
+        if i < skip_to:
+            continue
+        tok, pos = toks[i], starts[i]
         mult = loops[-1][1] if loops else 1
-        nxt = tokens[i + 1][0] if i + 1 < len(tokens) else ""
+        nxt = toks[i + 1] if i + 1 < count else ""
         if tok in ("while", "do"):
             raise fail(f"{tok} loops are not allowed", pos)
         if tok == "for":
@@ -341,13 +365,12 @@ def shader_loop_bound(source: str, where: str) -> int:
             total += mult * n
             depth += 1
             loops.append((found[1], mult * n, depth))
-            while i < len(tokens) and tokens[i][1] < found.end():
-                i += 1
+            skip_to = bisect_left(starts, found.end(), i)
             continue
         if tok == "{":
             depth += 1
             if depth == 1:
-                func = last_name if i > 0 and tokens[i - 1][0] == ")" else None
+                func = last_name if i > 0 and toks[i - 1] == ")" else None
                 total = 0
         elif tok == "}":
             if loops and loops[-1][2] == depth:
@@ -371,7 +394,6 @@ def shader_loop_bound(source: str, where: str) -> int:
                     or _WRITE_BEFORE.search(text[max(0, pos - 16) : pos])
                 ):
                     raise fail(f"the loop variable {var} is written in its loop", pos)
-        i += 1
     if depth != 0:
         raise fail("unbalanced braces")
     return bounds.get("main", 0)

@@ -106,7 +106,12 @@ class Graph:
 
     def operands(self, n: int) -> list[int]:
         """The nodes `n` reads, in operand order (by the ``index`` of its in-edges)."""
-        pairs = [(data["index"], src) for src, keys in self.g._pred[n].items() for data in keys.values()]
+        pred = self.g._pred[n]
+        if len(pred) == 1:  # one operand node (most nodes): one edge, or several to sort
+            for src, keys in pred.items():
+                if len(keys) == 1:
+                    return [src]
+        pairs = [(data["index"], src) for src, keys in pred.items() for data in keys.values()]
         if len(pairs) > 1:
             pairs.sort(key=_first)  # stable: ties keep the in-edge order
         return [src for _, src in pairs]
