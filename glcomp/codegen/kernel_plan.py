@@ -353,7 +353,7 @@ def _check_blend(plan: KernelPlan, fail: Any) -> None:
             fail(f"blend target %{s} is not a stored sum")
         if t not in single:
             fail(f"blended term %{t} is not the single result of a kernel")
-        if t in outputs or g.g.out_degree(t) != 1:
+        if t in outputs or g.read_count(t) != 1:
             fail(f"blended term %{t} is read by more than its sum %{s}")
         if plan.layouts and plan.layouts[t] != plan.layouts[s]:
             fail(f"blended term %{t} does not have the layout of its sum %{s}")

@@ -70,9 +70,10 @@ def fused_region(
     body: set[int] = set()
     leaves: set[int] = set()
     stack = list(index.operands[root])
+    feeds = index.feeds
     while stack:
         n = stack.pop()
-        if n in stored or fed(graph, n):  # hyper-parameters are uniforms, still leaves
+        if n in stored or n in feeds:  # hyper-parameters are uniforms, still leaves
             leaves.add(n)
         elif n not in body:
             body.add(n)
@@ -93,6 +94,7 @@ class NodeIndex:
         self.topo = graph.topo() if order is None else order
         self.position = {n: i for i, n in enumerate(self.topo)}
         self.operands = operands if operands is not None else {n: graph.operands(n) for n in self.topo}
+        self.feeds = {n for n in self.topo if get_op(graph.op(n)).feed}  # see `fed`
 
 
 def form_kernels(graph: Graph, stored: Collection[int], index: NodeIndex) -> list[Kernel]:
@@ -100,7 +102,7 @@ def form_kernels(graph: Graph, stored: Collection[int], index: NodeIndex) -> lis
     fused nodes it computes as its body and the stored values it reads as its leaves."""
     kernels: list[Kernel] = []
     for n in index.topo:
-        if n not in stored or fed(graph, n):
+        if n not in stored or n in index.feeds:
             continue
         body, leaves = fused_region(graph, n, stored, index)
         rule = get_op(graph.op(n))

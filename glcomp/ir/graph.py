@@ -119,6 +119,15 @@ class Graph:
     def users(self, n: int) -> list[int]:
         return sorted(self.g._succ[n])
 
+    def reads_of(self, n: int) -> list[int]:
+        """The node reading each out-edge of `n` (a node reading `n` twice is listed twice), in
+        edge order: what ``g.out_edges(n)`` lists, without building a networkx view."""
+        return [user for user, keys in self.g._succ[n].items() for _ in keys]
+
+    def read_count(self, n: int) -> int:
+        """How many operand slots read `n`: ``g.out_degree(n)``, without a networkx view."""
+        return sum(len(keys) for keys in self.g._succ[n].values())
+
     def topo(self) -> list[int]:
         """Nodes in a deterministic topological order (ties broken by node id): the order
         ``networkx.lexicographical_topological_sort`` gives. Raises GlcompError on a cycle."""

@@ -79,7 +79,7 @@ def blend_accumulation(
         ok = all(
             single.get(t, False)
             and uses[t] == 1
-            and graph.g.out_degree(t) == 1
+            and graph.read_count(t) == 1
             and t not in outputs
             and layouts[t] == layouts[total]
             and layouts[t].pages == 1

@@ -35,7 +35,7 @@ def _epilogue_reader(graph: Graph, n: int, stored: set[int]) -> int | None:
     """The stored elementwise value that alone reads loop result `n`, each element at most once
     (through elementwise ops and one-to-one views), or None."""
     while True:
-        users = [dst for _, dst in graph.g.out_edges(n)]
+        users = graph.reads_of(n)
         if len(users) != 1:
             return None
         (user,) = users

@@ -49,8 +49,7 @@ def _readers_through_views(graph: Graph, n: int, memo: dict[int, int]) -> int:
     if n in memo:
         return memo[n]
     count = 0
-    for edge in graph.g.out_edges(n):
-        user = edge[1]
+    for user in graph.reads_of(n):
         if get_op(graph.op(user)).kind == "movement":
             count += _readers_through_views(graph, user, memo)
         else:

@@ -164,6 +164,11 @@ def _try_merge(
     not pay."""
     if len(g.roots) + len(k.roots) > target.max_draw_buffers:
         return None
+    # Cheapest refusal first: a kernel that neither shares a texture read with the group nor
+    # reads one of its results gains nothing from joining it (most pairs MRT looks at).
+    reads_group = [leaf for leaf in k.leaves if leaf in g.roots]
+    if not reads_group and set(g.leaves).isdisjoint(k.leaves):
+        return None
     roots = g.roots + k.roots
     if any(layouts[r].pages > 1 for r in roots):
         return None
@@ -175,14 +180,10 @@ def _try_merge(
         # loop work, to save one draw.
         return None
     limit = target.max_loop_iterations
-    reads_group = [leaf for leaf in k.leaves if leaf in g.roots]
     if reads_group and not all(_fusible_root(graph, r) for r in reads_group):
         return None  # a loop kernel's result cannot be recomputed inline cheaply
     if any(loops([r], g.leaves, limit) for r in reads_group):
         return None  # nor can an epilogue root, which runs a loop per element
-    shared = set(g.leaves) & set(k.leaves)
-    if not shared and not reads_group:
-        return None
     leaves = sorted((set(g.leaves) | set(k.leaves)) - set(g.roots))
     samplers = sum(layouts[n].pages for n in leaves if graph.attrs(n).get("role") != "hyper")
     if samplers > target.max_texture_units:

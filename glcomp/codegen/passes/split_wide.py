@@ -43,7 +43,7 @@ def _replace(graph: Graph, old: int, new: int) -> None:
     dead = [old]
     while dead:
         n = dead.pop()
-        if n in graph.g and n not in keep and graph.g.out_degree(n) == 0:
+        if n in graph.g and n not in keep and graph.read_count(n) == 0:
             dead.extend(graph.operands(n))
             graph.g.remove_node(n)
 

@@ -73,7 +73,7 @@ def fold_views(graph: Graph) -> Graph:
         changed = False
         outputs = set(g.outputs.values())
         for n in g.topo():
-            if g.g.out_degree(n) == 0 and n not in outputs:
+            if g.read_count(n) == 0 and n not in outputs:
                 continue  # already bypassed, waiting to be pruned
             new = _fold(g, n)
             if new is not None and new != n:

@@ -16,7 +16,7 @@ from glcomp.ir.graph import Graph, origin
 
 
 def _single_reader(graph: Graph, n: int) -> bool:
-    return graph.g.out_degree(n) == 1 and n not in graph.outputs.values()
+    return graph.read_count(n) == 1 and n not in graph.outputs.values()
 
 
 def _rewrite(graph: Graph, n: int) -> bool:
