@@ -459,6 +459,16 @@ SHADERS = {
     "non-ascii": ("void main() { float é = 1.0; }", None),
     "unbalanced": ("void main() { }}", None),
     "loop outside a function": ("for (int i = 0; i < 7; i++) { }\nvoid main() { }", None),
+    # A call or parentheses in a parameter's array size must not take the function's name.
+    "call in a parameter": (
+        "int k(int a[abs(2)]) { for (int i = 0; i < 9; i++) { } return 0; }\n"
+        "void main() { int x[2]; k(x); k(x); }",
+        18,
+    ),
+    "parentheses in a parameter": (
+        "int k(int a[(2)]) { for (int i = 0; i < 9; i++) { } return 0; }\nvoid main() { int x[2]; k(x); }",
+        9,
+    ),
 }
 
 

@@ -1,5 +1,7 @@
 """shader_loop_bound (the bundle loaders' loop analysis) visits only the tokens that act: it
-must give every source exactly what the plain scan over every token gives, bound or error."""
+must give every source exactly what the plain scan over every token gives, bound or error. A
+function's name is the identifier before the "(" that opens its parameters, never one inside them
+(a call in a parameter's array size once hid a function's loops from its callers)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def reference_loop_bound(source: str, where: str) -> int:
             raise fail(f"preprocessor directive {line[:60]!r} is not allowed")
     tokens = [(mt[0], mt.start()) for mt in _TOKEN.finditer(text)]
     defined: set[str] = set()  # functions: NAME ( ... ) { at the top level
-    depth = 0
+    depth = paren = 0  # paren: parentheses open outside every brace
     last_name = ""
     for i, (tok, _) in enumerate(tokens):
         if tok == "{":
@@ -57,10 +59,13 @@ def reference_loop_bound(source: str, where: str) -> int:
             depth += 1
         elif tok == "}":
             depth -= 1
-        elif depth == 0 and i + 1 < len(tokens) and tokens[i + 1][0] == "(":
-            last_name = tok
+        elif depth == 0 and tok in ("(", ")"):
+            paren += 1 if tok == "(" else -1
+        elif depth == paren == 0 and i + 1 < len(tokens) and tokens[i + 1][0] == "(":
+            if tok[0].isalpha() or tok[0] == "_":
+                last_name = tok
     bounds: dict[str, int] = {}
-    depth = 0
+    depth = paren = 0
     func: str | None = None
     last_name = ""
     total = 0
@@ -97,9 +102,13 @@ def reference_loop_bound(source: str, where: str) -> int:
             if depth == 0 and func is not None:
                 bounds[func] = total
                 func = None
+        elif tok in ("(", ")"):
+            if depth == 0:
+                paren += 1 if tok == "(" else -1
         elif tok[0].isalpha() or tok[0] == "_":
             if depth == 0 and nxt == "(":
-                last_name = tok
+                if paren == 0:
+                    last_name = tok
             elif depth > 0 and nxt == "(" and tok in defined:
                 if tok not in bounds:
                     raise fail(f"{tok} is called before its definition ends (recursion is not allowed)", pos)
@@ -195,3 +204,20 @@ def test_same_bounds_on_compiled_shaders() -> None:
     assert max(shader_loop_bound(s, "t") for s in shaders) > 0
     for source in shaders:
         assert shader_loop_bound(source, "t") == reference_loop_bound(source, "t")
+
+
+PARAMETER_CALLS = [
+    "int k(int a[(2)]) { for (int i = 0; i < 1000; i++) {} return 0; }\nvoid main() { int x[2]; k(x); }",
+    "int k(int a[abs(2)]) { for (int i = 0; i < 1000; i++) {} return 0; }\nvoid main() { int x[2]; k(x); }",
+    "int k(int a[abs(-2)]) { for (int i = 0; i < 10; i++) {} return 0; }\n"
+    "void main() { int x[2]; for (int j = 0; j < 100; j++) { k(x); } }",
+]
+
+
+def test_calls_in_a_parameter_list_do_not_hide_a_function() -> None:
+    """The loops of a function whose parameters hold parentheses or a call count at its calls
+    (before: the name inside the parameters was taken for the function's, and its calls counted 0)."""
+    for source, want in zip(PARAMETER_CALLS, (1000, 1000, 1100), strict=True):
+        text = "#version 300 es\n" + source
+        assert shader_loop_bound(text, "t") == want
+        assert reference_loop_bound(text, "t") == want

@@ -266,8 +266,9 @@ def _is_int(v: Any) -> bool:
 _COMMENT = re.compile(r"//[^\n]*|/\*(?:.|\n)*?\*/")
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[^ \t\r\n]")
 _TOKEN_SPLIT = re.compile(f"({_TOKEN.pattern})")
-# Tokens that act whatever follows them, and "(" (the token before it acts).
-_EVENTS = frozenset({"{", "}", "for", "while", "do", "("})
+# Tokens that act whatever follows them ("(" and ")" count parentheses, and the token before a
+# "(" acts too).
+_EVENTS = frozenset({"{", "}", "for", "while", "do", "(", ")"})
 _FOR = re.compile(
     r"for[ \t\r\n]*\([ \t\r\n]*int[ \t\r\n]+([A-Za-z_][A-Za-z0-9_]*)[ \t\r\n]*=[ \t\r\n]*0[ \t\r\n]*;"
     r"[ \t\r\n]*\1[ \t\r\n]*<[ \t\r\n]*([0-9]{1,9})[ \t\r\n]*;[ \t\r\n]*\1[ \t\r\n]*\+\+[ \t\r\n]*\)"
@@ -324,13 +325,17 @@ def shader_loop_bound(source: str, where: str) -> int:
     # leaves every variable as it was).
     marks = [k for k, t in enumerate(toks) if t in _EVENTS]
     loop_vars = {found[1] for k in marks if toks[k] == "for" and (found := _FOR.match(text, starts[k]))}
-    events = {k - 1 if toks[k] == "(" else k for k in marks}
+    events = set(marks)
+    events.update(k - 1 for k in marks if toks[k] == "(")
     if loop_vars:
         events.update(k for k, t in enumerate(toks) if t in loop_vars)
     events.discard(-1)  # a "(" that opens the shader follows no token
     events = sorted(events)
+    # A function's name is the identifier before the "(" that opens its parameters: the last one
+    # followed by "(" outside every brace and parenthesis (a call in an array size of a parameter,
+    # `int k(int a[abs(2)])`, must not take the name's place).
     defined: set[str] = set()  # functions: NAME ( ... ) { at the top level
-    depth = 0
+    depth = paren = 0
     last_name = ""
     for i in events:
         tok = toks[i]
@@ -340,10 +345,13 @@ def shader_loop_bound(source: str, where: str) -> int:
             depth += 1
         elif tok == "}":
             depth -= 1
-        elif depth == 0 and i + 1 < count and toks[i + 1] == "(":
-            last_name = tok
+        elif depth == 0 and tok in "()":
+            paren += 1 if tok == "(" else -1
+        elif depth == 0 and paren == 0 and i + 1 < count and toks[i + 1] == "(":
+            if tok[0].isalpha() or tok[0] == "_":
+                last_name = tok
     bounds: dict[str, int] = {}
-    depth = 0
+    depth = paren = 0
     func: str | None = None
     last_name = ""
     total = 0
@@ -381,9 +389,13 @@ def shader_loop_bound(source: str, where: str) -> int:
             if depth == 0 and func is not None:
                 bounds[func] = total
                 func = None
+        elif tok in "()":
+            if depth == 0:
+                paren += 1 if tok == "(" else -1
         elif tok[0].isalpha() or tok[0] == "_":
             if depth == 0 and nxt == "(":
-                last_name = tok
+                if paren == 0:
+                    last_name = tok
             elif depth > 0 and nxt == "(" and tok in defined:
                 if tok not in bounds:
                     raise fail(f"{tok} is called before its definition ends (recursion is not allowed)", pos)

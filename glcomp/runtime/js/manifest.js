@@ -224,18 +224,25 @@ export function shaderLoopBound(source, where) {
   }
   const tokens = [];
   for (const mt of text.matchAll(TOKEN_RE)) tokens.push([mt[0], mt.index]);
+  // A function's name: the identifier before the "(" that opens its parameters, outside every
+  // brace and parenthesis (never a call in a parameter's array size).
   const defined = new Set();
   let depth = 0;
+  let paren = 0;
   let lastName = "";
   tokens.forEach(([tok], i) => {
     if (tok === "{") {
       if (depth === 0 && i > 0 && tokens[i - 1][0] === ")") defined.add(lastName);
       depth += 1;
     } else if (tok === "}") depth -= 1;
-    else if (depth === 0 && i + 1 < tokens.length && tokens[i + 1][0] === "(") lastName = tok;
+    else if (depth === 0 && (tok === "(" || tok === ")")) paren += tok === "(" ? 1 : -1;
+    else if (depth === 0 && paren === 0 && i + 1 < tokens.length && tokens[i + 1][0] === "(") {
+      if (/^[A-Za-z_]/.test(tok)) lastName = tok;
+    }
   });
   const bounds = new Map();
   depth = 0;
+  paren = 0;
   let func = null;
   lastName = "";
   let total = 0;
@@ -272,9 +279,12 @@ export function shaderLoopBound(source, where) {
         bounds.set(func, total);
         func = null;
       }
+    } else if (tok === "(" || tok === ")") {
+      if (depth === 0) paren += tok === "(" ? 1 : -1;
     } else if (/^[A-Za-z_]/.test(tok)) {
-      if (depth === 0 && nxt === "(") lastName = tok;
-      else if (depth > 0 && nxt === "(" && defined.has(tok)) {
+      if (depth === 0 && nxt === "(") {
+        if (paren === 0) lastName = tok;
+      } else if (depth > 0 && nxt === "(" && defined.has(tok)) {
         if (!bounds.has(tok)) throw fail(`${tok} is called before its definition ends (recursion is not allowed)`, pos);
         total += mult * bounds.get(tok);
       }
