@@ -8,6 +8,7 @@ every test that asks for `gl_ctx` fails with a message saying what to install.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -212,4 +213,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    settings.load_profile("slow" if config.getoption("--slow") else "default")
+    slow = config.getoption("--slow")
+    settings.load_profile("slow" if slow else "default")
+    if not slow:
+        # Mesa's llvmpipe compiles every shader with LLVM the first time it is drawn; with a cold
+        # shader cache (a fresh CI machine) that JIT is most of the suite's time. Without LLVM's
+        # optimization passes shaders compile faster and compute the same float32 results (the
+        # suite passes with and without). Set here, in every process (xdist workers included),
+        # before any GL context exists; `--slow` keeps fully optimized shaders, and a value the
+        # user set (even empty: `GALLIVM_PERF= pytest ...`) is left alone.
+        os.environ.setdefault("GALLIVM_PERF", "nopt")

@@ -99,6 +99,32 @@ def _no_gl():
     result.stdout.fnmatch_lines(["*GL tests need an OpenGL context*", "*simulated*"])
 
 
+@pytest.mark.parametrize(
+    ("preset", "args", "want"),
+    [
+        (None, [], "'nopt'"),
+        (None, ["--slow"], "None"),
+        ("", [], "''"),
+        ("nopt,no_filter_hacks", [], "'nopt,*'"),
+    ],
+)
+def test_llvm_shader_optimization_is_off_for_the_quick_profile_only(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, preset: str | None, args: list[str], want: str
+):
+    """The quick profile turns off LLVM's optimization passes in llvmpipe (GALLIVM_PERF=nopt) before
+    any GL context exists; `--slow` keeps optimized shaders and a value the user set stays."""
+    if preset is None:
+        monkeypatch.delenv("GALLIVM_PERF", raising=False)
+    else:
+        monkeypatch.setenv("GALLIVM_PERF", preset)
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    show = "print('GALLIVM_PERF=%r' % os.environ.get('GALLIVM_PERF'))"
+    pytester.makepyfile(test_env=f"import os\n\ndef test_env():\n    {show}\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-s", *args)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*GALLIVM_PERF={want}"])
+
+
 # -- bad inputs to a GL runtime -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(models: dict[str, Any]) -> Any:
