@@ -212,14 +212,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Mesa's llvmpipe compiles every shader with LLVM the first time it is drawn; with a cold shader
+# cache (a fresh CI machine) that JIT is most of the suite's time. The quick profile compiles
+# without LLVM's optimization passes and for 4-wide (SSE) instead of 8-wide (AVX) vectors: shaders
+# compile faster and compute the same float32 results (the suite passes with and without).
+QUICK_LLVMPIPE = {"GALLIVM_PERF": "nopt", "LP_NATIVE_VECTOR_WIDTH": "128"}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     slow = config.getoption("--slow")
     settings.load_profile("slow" if slow else "default")
     if not slow:
-        # Mesa's llvmpipe compiles every shader with LLVM the first time it is drawn; with a cold
-        # shader cache (a fresh CI machine) that JIT is most of the suite's time. Without LLVM's
-        # optimization passes shaders compile faster and compute the same float32 results (the
-        # suite passes with and without). Set here, in every process (xdist workers included),
-        # before any GL context exists; `--slow` keeps fully optimized shaders, and a value the
-        # user set (even empty: `GALLIVM_PERF= pytest ...`) is left alone.
-        os.environ.setdefault("GALLIVM_PERF", "nopt")
+        # Set here, in every process (xdist workers included), before any GL context exists;
+        # `--slow` keeps llvmpipe's defaults, and a value the user set (even an empty one:
+        # `GALLIVM_PERF= pytest ...`) is left alone.
+        for name, value in QUICK_LLVMPIPE.items():
+            os.environ.setdefault(name, value)

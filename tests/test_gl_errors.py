@@ -102,27 +102,29 @@ def _no_gl():
 @pytest.mark.parametrize(
     ("preset", "args", "want"),
     [
-        (None, [], "'nopt'"),
-        (None, ["--slow"], "None"),
-        ("", [], "''"),
-        ("nopt,no_filter_hacks", [], "'nopt,*'"),
+        (None, [], "'nopt' '128'"),
+        (None, ["--slow"], "None None"),
+        ("", [], "'' '128'"),
+        ("nopt,no_filter_hacks", [], "'nopt,no_filter_hacks' '128'"),
     ],
 )
 def test_llvm_shader_optimization_is_off_for_the_quick_profile_only(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, preset: str | None, args: list[str], want: str
 ):
-    """The quick profile turns off LLVM's optimization passes in llvmpipe (GALLIVM_PERF=nopt) before
-    any GL context exists; `--slow` keeps optimized shaders and a value the user set stays."""
+    """The quick profile compiles llvmpipe's shaders without LLVM's optimization passes and for
+    4-wide vectors, set before any GL context exists; `--slow` keeps llvmpipe's defaults and a
+    value the user set stays."""
+    monkeypatch.delenv("LP_NATIVE_VECTOR_WIDTH", raising=False)
     if preset is None:
         monkeypatch.delenv("GALLIVM_PERF", raising=False)
     else:
         monkeypatch.setenv("GALLIVM_PERF", preset)
     pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
-    show = "print('GALLIVM_PERF=%r' % os.environ.get('GALLIVM_PERF'))"
-    pytester.makepyfile(test_env=f"import os\n\ndef test_env():\n    {show}\n")
+    show = "print('LLVMPIPE', repr(env.get('GALLIVM_PERF')), repr(env.get('LP_NATIVE_VECTOR_WIDTH')))"
+    pytester.makepyfile(test_env=f"from os import environ as env\n\ndef test_env():\n    {show}\n")
     result = pytester.runpytest("-p", "no:cacheprovider", "-s", *args)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"*GALLIVM_PERF={want}"])
+    result.stdout.fnmatch_lines([f"*LLVMPIPE {want}"])
 
 
 # -- bad inputs to a GL runtime -----------------------------------------------------------------------
