@@ -69,11 +69,18 @@ def gl_runtime(gl_ctx: Any) -> Callable[..., contextlib.AbstractContextManager[A
     return make
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the GL context with the `gl` marker (``-m gl`` / ``-m 'not gl'``)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses the GL context with the `gl` marker (``-m gl`` / ``-m 'not gl'``);
+    without `--slow`, deselect the tests marked `slow_only` (heavier cases of a property that a
+    smaller test of the quick profile checks too)."""
     for item in items:
         if "gl_ctx" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.gl)
+    if not config.getoption("--slow"):
+        slow_only = [item for item in items if item.get_closest_marker("slow_only")]
+        if slow_only:
+            config.hook.pytest_deselected(items=slow_only)
+            items[:] = [item for item in items if not item.get_closest_marker("slow_only")]
 
 
 # -- the test models -------------------------------------------------------------------------------
@@ -220,6 +227,7 @@ QUICK_LLVMPIPE = {"GALLIVM_PERF": "nopt", "LP_NATIVE_VECTOR_WIDTH": "128"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow_only: runs with `--slow` only (a heavier duplicate)")
     slow = config.getoption("--slow")
     settings.load_profile("slow" if slow else "default")
     if not slow:

@@ -127,6 +127,19 @@ def test_llvm_shader_optimization_is_off_for_the_quick_profile_only(
     result.stdout.fnmatch_lines([f"*LLVMPIPE {want}"])
 
 
+def test_slow_only_cases_run_with_slow_alone(pytester: pytest.Pytester):
+    """Tests marked `slow_only` are deselected (reported, never skipped) without `--slow`."""
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makepyfile(
+        test_cases="import pytest\n\n"
+        "@pytest.mark.parametrize('n', [1, pytest.param(2, marks=pytest.mark.slow_only)])\n"
+        "def test_case(n):\n    assert n\n"
+    )
+    quick = pytester.runpytest("-p", "no:cacheprovider")
+    quick.assert_outcomes(passed=1, deselected=1)
+    pytester.runpytest("-p", "no:cacheprovider", "--slow").assert_outcomes(passed=2)
+
+
 # -- bad inputs to a GL runtime -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(models: dict[str, Any]) -> Any:
