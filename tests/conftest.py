@@ -8,6 +8,7 @@ every test that asks for `gl_ctx` fails with a message saying what to install.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -68,11 +69,18 @@ def gl_runtime(gl_ctx: Any) -> Callable[..., contextlib.AbstractContextManager[A
     return make
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the GL context with the `gl` marker (``-m gl`` / ``-m 'not gl'``)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses the GL context with the `gl` marker (``-m gl`` / ``-m 'not gl'``);
+    without `--slow`, deselect the tests marked `slow_only` (heavier cases of a property that a
+    smaller test of the quick profile checks too)."""
     for item in items:
         if "gl_ctx" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.gl)
+    if not config.getoption("--slow"):
+        slow_only = [item for item in items if item.get_closest_marker("slow_only")]
+        if slow_only:
+            config.hook.pytest_deselected(items=slow_only)
+            items[:] = [item for item in items if not item.get_closest_marker("slow_only")]
 
 
 # -- the test models -------------------------------------------------------------------------------
@@ -211,5 +219,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Mesa's llvmpipe compiles every shader with LLVM the first time it is drawn; with a cold shader
+# cache (a fresh CI machine) that JIT is most of the suite's time. The quick profile compiles
+# without LLVM's optimization passes and for 4-wide (SSE) instead of 8-wide (AVX) vectors: shaders
+# compile faster and compute the same float32 results (the suite passes with and without).
+QUICK_LLVMPIPE = {"GALLIVM_PERF": "nopt", "LP_NATIVE_VECTOR_WIDTH": "128"}
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    settings.load_profile("slow" if config.getoption("--slow") else "default")
+    config.addinivalue_line("markers", "slow_only: runs with `--slow` only (a heavier duplicate)")
+    slow = config.getoption("--slow")
+    settings.load_profile("slow" if slow else "default")
+    if not slow:
+        # Set here, in every process (xdist workers included), before any GL context exists;
+        # `--slow` keeps llvmpipe's defaults, and a value the user set (even an empty one:
+        # `GALLIVM_PERF= pytest ...`) is left alone.
+        for name, value in QUICK_LLVMPIPE.items():
+            os.environ.setdefault(name, value)

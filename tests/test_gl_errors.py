@@ -99,6 +99,47 @@ def _no_gl():
     result.stdout.fnmatch_lines(["*GL tests need an OpenGL context*", "*simulated*"])
 
 
+@pytest.mark.parametrize(
+    ("preset", "args", "want"),
+    [
+        (None, [], "'nopt' '128'"),
+        (None, ["--slow"], "None None"),
+        ("", [], "'' '128'"),
+        ("nopt,no_filter_hacks", [], "'nopt,no_filter_hacks' '128'"),
+    ],
+)
+def test_llvm_shader_optimization_is_off_for_the_quick_profile_only(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, preset: str | None, args: list[str], want: str
+):
+    """The quick profile compiles llvmpipe's shaders without LLVM's optimization passes and for
+    4-wide vectors, set before any GL context exists; `--slow` keeps llvmpipe's defaults and a
+    value the user set stays."""
+    monkeypatch.delenv("LP_NATIVE_VECTOR_WIDTH", raising=False)
+    if preset is None:
+        monkeypatch.delenv("GALLIVM_PERF", raising=False)
+    else:
+        monkeypatch.setenv("GALLIVM_PERF", preset)
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    show = "print('LLVMPIPE', repr(env.get('GALLIVM_PERF')), repr(env.get('LP_NATIVE_VECTOR_WIDTH')))"
+    pytester.makepyfile(test_env=f"from os import environ as env\n\ndef test_env():\n    {show}\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-s", *args)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*LLVMPIPE {want}"])
+
+
+def test_slow_only_cases_run_with_slow_alone(pytester: pytest.Pytester):
+    """Tests marked `slow_only` are deselected (reported, never skipped) without `--slow`."""
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makepyfile(
+        test_cases="import pytest\n\n"
+        "@pytest.mark.parametrize('n', [1, pytest.param(2, marks=pytest.mark.slow_only)])\n"
+        "def test_case(n):\n    assert n\n"
+    )
+    quick = pytester.runpytest("-p", "no:cacheprovider")
+    quick.assert_outcomes(passed=1, deselected=1)
+    pytester.runpytest("-p", "no:cacheprovider", "--slow").assert_outcomes(passed=2)
+
+
 # -- bad inputs to a GL runtime -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(models: dict[str, Any]) -> Any:
