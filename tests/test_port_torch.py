@@ -772,3 +772,31 @@ def test_base_scheduler_without_a_schedule_is_a_clear_error() -> None:
     opt = optim.SGD(lr=0.1)
     with pytest.raises(GlcompError, match=r"LRScheduler defines no schedule"):
         lr_scheduler.LRScheduler(opt)
+
+
+class HashProbe(nn.Module):
+    """The random-number primitive itself on fed operands; b / s makes infinities and NaN where
+    s is 0 (inputs themselves must be finite)."""
+
+    def forward(self, a: Any, b: Any, s: Any) -> Any:
+        from glcomp.ir.tensor import prim
+
+        return prim("hash_uniform", a, b / s)
+
+
+def test_hash_uniform_is_bit_exact_on_gl(gl_runtime: Any, dialect: str) -> None:
+    """Both dialects' shader hashes (32-bit unsigned integers in GLSL ES 3.00, 12-bit float limbs
+    in 1.00) give the reference's values bit for bit, past 2^24, for negative and fractional
+    operands, and NaN wherever an operand is not finite."""
+    special = [0.0, 1.5, -3.7, 2.0**24 + 5, 1e10, -1e10, 123456.9, 16777215.0, -0.5]
+    rng = np.random.default_rng(7)
+    a = np.array(special * 3 + list(rng.normal(scale=1e6, size=73)), np.float32)
+    b = np.roll(a, 5)
+    s = np.where(np.arange(a.size) % 7 == 3, 0.0, 1.0).astype(np.float32)  # b / 0: inf, or NaN at 0
+    feeds = {"a": a, "b": b, "s": s}
+    prog = glcomp.compile(HashProbe(), {k: v.shape for k, v in feeds.items()}, target=dialect)
+    want = prog.runtime("reference").predict(**feeds)
+    with gl_runtime(prog) as gl:
+        got = gl.predict(**feeds)
+    assert np.isnan(want).sum() == (s == 0).sum() > 10
+    assert np.array_equal(got, want, equal_nan=True), np.flatnonzero(~((got == want) | np.isnan(want)))[:10]

@@ -31,7 +31,7 @@ _DECLARATIONS = "uniform int u_page_offset;\n"
 MAX_OFFSET = 1 << 24  # integer uniforms must stay exact in highp int and in JSON numbers
 # Helper functions of the shared prelude (glc_*, imod, iclamp): kept only where called.
 _HELPER = re.compile(
-    r"^(?:void|float|int|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE | re.ASCII
+    r"^(?:void|float|int|uint|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE | re.ASCII
 )
 _CALL = re.compile(r"\b(\w++)\(", re.ASCII)  # a call (or a definition) of any function: its whole name
 
