@@ -94,7 +94,7 @@ def _node_facts(plan: KernelPlan, n: int, hypers: Mapping[int, str]) -> tuple[An
     input's but its name), texture layout and hyper-parameter name."""
     data = plan.graph.node(n)
     attrs = tuple(sorted(data["attrs"].items()))
-    if data["op"] == "input":  # read as a texture or uniform: its name is the runtime's
+    if get_op(data["op"]).feed:  # read as a texture or uniform: its name is the runtime's
         attrs = tuple(kv for kv in attrs if kv[0] != "name")
     return (data["op"], data["shape"], data["dtype"], attrs, plan.layouts.get(n), hypers.get(n))
 
