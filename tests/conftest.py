@@ -116,12 +116,13 @@ class ModelCase:
 
 
 class LastStep(nn.Module):
-    """LSTM(batch_first=True), the last time step's output, then a Linear head."""
+    """LSTM(batch_first=True), the last time step's output, then a Linear head (its backward sums
+    over time steps)."""
 
-    def __init__(self) -> None:
+    def __init__(self, features: int = 3, hidden: int = 4, classes: int = 2) -> None:
         super().__init__()
-        self.lstm = nn.LSTM(3, 4, batch_first=True)
-        self.head = nn.Linear(4, 2)
+        self.lstm = nn.LSTM(features, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
 
     def forward(self, x: Any) -> Any:
         out, _ = self.lstm(x)
@@ -236,3 +237,45 @@ def pytest_configure(config: pytest.Config) -> None:
         # `GALLIVM_PERF= pytest ...`) is left alone.
         for name, value in QUICK_LLVMPIPE.items():
             os.environ.setdefault(name, value)
+
+
+class SumLoss(nn.Module):
+    """sum(out * y): a loss whose gradient is y, for tests of single products and maps."""
+
+    def forward(self, out: Any, y: Any) -> Any:
+        return (out * y).sum()
+
+    def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"shape": output_shape, "dtype": "float32"}
+
+
+def train_both(
+    case: Any,
+    prog: glcomp.Program,
+    gl: Any,
+    steps: int,
+    state_rtol: float,
+    rtol: float = 1e-7,
+    atol: float = 0.0,
+    atol_rel: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`steps` train steps of `case`'s batches on `gl` and on the reference runtime: the final
+    states agree within `state_rtol` of each array's largest magnitude, and predictions within
+    `rtol` and `atol` plus `atol_rel` of the reference prediction's largest magnitude. Returns
+    both runtimes' losses."""
+    ref = prog.runtime("reference")
+    got, want = [], []
+    for step in range(steps):
+        feeds, y = case.batch(step % 3)
+        got.append(gl.train_step(**feeds, y=y))
+        want.append(ref.train_step(**feeds, y=y))
+    final, expected = gl.state_dict(), ref.state_dict()
+    for name, w in expected.items():
+        scale = float(np.abs(w).max()) or 1.0
+        err = float(np.abs(np.asarray(final[name], np.float64) - w).max()) / scale
+        assert err <= state_rtol, f"{name}: deviates by {err:.2e} of its largest element"
+    feeds, _ = case.batch(0)
+    out, out_ref = gl.predict(**feeds), ref.predict(**feeds)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, out_ref, rtol=rtol, atol=atol + atol_rel * float(np.abs(out_ref).max()))
+    return np.array(got), np.array(want)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import LastStep
 
 import glcomp
 from glcomp import nn, optim
@@ -110,26 +111,13 @@ def _cnn(target: str) -> glcomp.Program:
     )
 
 
-class _LastStep(nn.Module):
-    """LSTM, last time step, Linear head: its backward sums over time steps."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(3, 5, batch_first=True)
-        self.head = nn.Linear(5, 2)
-
-    def forward(self, x: Any) -> Any:
-        out, _ = self.lstm(x)
-        return self.head(out[:, -1])
-
-
 def _lstm_blend(target: str) -> glcomp.Program:
     """With transposes pushed down and MRT and epilogue fusion off, the compiler sums the recurrent
     weight's gradient with additive blending (draws with "blend": true) where the target blends
     float textures."""
     glcomp.manual_seed(5)
     return glcomp.compile(
-        _LastStep(),
+        LastStep(3, 5, 2),
         inputs={"x": (4, 4, 3)},
         loss=nn.CrossEntropyLoss(),
         optimizer=optim.Adam(lr=1e-2),

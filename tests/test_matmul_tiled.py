@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import SumLoss
 
 import glcomp
 from glcomp import nn
@@ -40,14 +41,6 @@ class Product(nn.Module):
 
     def forward(self, x: Any) -> Any:
         return x @ self.w.T if self.form == "linear" else x @ self.w
-
-
-class SumLoss(nn.Module):
-    def forward(self, out: Any, y: Any) -> Any:
-        return (out * y).sum()
-
-    def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"shape": output_shape, "dtype": "float32"}
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import LastStep
 from hypothesis import given, settings
 
 import glcomp
@@ -33,19 +34,6 @@ PASS_SETTINGS = [
 ]
 
 
-class Seq(nn.Module):
-    """LSTM over a short sequence, last step, Linear head: sums over time steps in backward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(3, 5, batch_first=True)
-        self.head = nn.Linear(5, 2)
-
-    def forward(self, x: Any) -> Any:
-        out, _ = self.lstm(x)
-        return self.head(out[:, -1])
-
-
 def _compile(model: nn.Module, passes: dict[str, bool], opt: optim.Optimizer | None = None) -> glcomp.Program:
     return glcomp.compile(
         model,
@@ -66,7 +54,7 @@ def _batch() -> tuple[np.ndarray, np.ndarray]:
 )
 def test_pass_settings_agree_with_reference(gl_runtime: Any, passes: dict[str, bool]) -> None:
     glcomp.manual_seed(1)
-    model = Seq()
+    model = LastStep(3, 5, 2)
     prog = _compile(model, passes)
     ref = prog.runtime("reference")
     x, y = _batch()
@@ -88,7 +76,7 @@ def _draws(prog: glcomp.Program, entry: str = "train_step") -> list[dict[str, An
 
 def test_mrt_writes_several_targets_and_saves_draws() -> None:
     glcomp.manual_seed(1)
-    model = Seq()
+    model = LastStep(3, 5, 2)
     fused = _draws(_compile(model, {}))
     plain = _draws(_compile(model, {"mrt": False}))
     assert len(fused) < len(plain)
@@ -114,7 +102,7 @@ def test_blend_accumulates_time_steps(gl_runtime: Any) -> None:
     into fewer draws), the recurrent weight's gradient is summed by additive blending; results
     equal the summing kernel's."""
     glcomp.manual_seed(2)
-    model = Seq()
+    model = LastStep(3, 5, 2)
     x, y = _batch()
     blended = _compile(model, {"pushdown": True, "mrt": False, "epilogue": False})
     summed = _compile(model, {"pushdown": True, "mrt": False, "epilogue": False, "blend": False})
@@ -130,7 +118,7 @@ def test_blend_accumulates_time_steps(gl_runtime: Any) -> None:
 def test_blend_falls_back_without_float_blending() -> None:
     glcomp.manual_seed(2)
     prog = glcomp.compile(
-        Seq(),
+        LastStep(3, 5, 2),
         inputs={"x": (4, 4, 3)},
         loss=nn.CrossEntropyLoss(),
         optimizer=optim.SGD(lr=0.1),
@@ -162,7 +150,7 @@ def test_epilogue_runs_loops_inside_their_reader() -> None:
 
 def test_memory_plan_reuses_textures() -> None:
     glcomp.manual_seed(1)
-    model = Seq()
+    model = LastStep(3, 5, 2)
     planned = build_bundle(_compile(model, {})).manifest["memory"]["texture_bytes"]
     unplanned = build_bundle(_compile(model, {"memplan": False})).manifest["memory"]["texture_bytes"]
     assert planned < unplanned
@@ -171,14 +159,14 @@ def test_memory_plan_reuses_textures() -> None:
 def test_no_draw_samples_its_own_target() -> None:
     glcomp.manual_seed(1)
     for passes in PASS_SETTINGS:
-        for d in _draws(_compile(Seq(), passes)):
+        for d in _draws(_compile(LastStep(3, 5, 2), passes)):
             reads = {repr(r) for r in d["samplers"].values()}
             assert not reads & {repr(t) for t in d["targets"]}, d["kernel"]
 
 
 def test_unknown_pass_is_rejected() -> None:
     with pytest.raises(glcomp.GlcompError, match="unknown passes"):
-        build_bundle(_compile(Seq(), {"fuse_everything": True}))
+        build_bundle(_compile(LastStep(3, 5, 2), {"fuse_everything": True}))
 
 
 def test_gl_objects_do_not_grow_over_10000_steps(gl_runtime: Any) -> None:
@@ -258,7 +246,7 @@ def test_transpose_pushdown_preserves_values(case: Any) -> None:
 
 def test_transpose_pushdown_guarantee() -> None:
     glcomp.manual_seed(0)
-    graph = _compile(Seq(), {}).graphs["gradients"]
+    graph = _compile(LastStep(3, 5, 2), {}).graphs["gradients"]
     out = pushdown(graph)
     for n in out.nodes():
         if out.op(n) == "permute":

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import LastStep
 
 import glcomp
 from glcomp import nn, optim
@@ -24,19 +25,6 @@ from glcomp.codegen.layout import layout_for
 from glcomp.codegen.options import PASSES, CompileOptions
 from glcomp.codegen.pipeline import PASS_NAMES, PIPELINE, run_pipeline
 from glcomp.codegen.target import make_target
-
-
-class Seq(nn.Module):
-    """A short LSTM and a Linear head: sums over time steps in backward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(3, 5, batch_first=True)
-        self.head = nn.Linear(5, 2)
-
-    def forward(self, x: Any) -> Any:
-        out, _ = self.lstm(x)
-        return self.head(out[:, -1])
 
 
 def _program(
@@ -121,7 +109,11 @@ def _snapshot(plan: KernelPlan) -> Any:
 @pytest.mark.parametrize("passes", [{}, {"pushdown": True, "mrt": False, "epilogue": False}])
 def test_no_pass_changes_the_plan_it_is_given(passes: dict[str, bool]) -> None:
     prog = _program(
-        Seq(), {"x": (2, 3, 3)}, loss=nn.CrossEntropyLoss(), opt=optim.Adam(lr=0.01), passes=passes
+        LastStep(3, 5, 2),
+        {"x": (2, 3, 3)},
+        loss=nn.CrossEntropyLoss(),
+        opt=optim.Adam(lr=0.01),
+        passes=passes,
     )
     plan = entry_plan(prog, "train_step")
     for p in PIPELINE:
@@ -148,7 +140,7 @@ SETTINGS = [
 @pytest.mark.parametrize("options", SETTINGS, ids=[str(s) for s in SETTINGS])
 def test_check_plan_holds_after_every_pass(options: dict[str, Any]) -> None:
     conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8, 3))
-    for model, inputs in [(Seq(), {"x": (2, 3, 3)}), (conv, {"x": (2, 1, 6, 6)})]:
+    for model, inputs in [(LastStep(3, 5, 2), {"x": (2, 3, 3)}), (conv, {"x": (2, 1, 6, 6)})]:
         prog = _program(model, inputs, loss=nn.CrossEntropyLoss(), opt=optim.Adam(lr=0.01), **options)
         for entry in prog.graphs:
             final = _plans(prog, entry)["memplan"]  # each plan checked
@@ -156,7 +148,7 @@ def test_check_plan_holds_after_every_pass(options: dict[str, Any]) -> None:
 
 
 def test_build_bundle_checks_plans_when_asked() -> None:
-    prog = _program(Seq(), {"x": (2, 3, 3)}, loss=nn.CrossEntropyLoss(), opt=optim.SGD(lr=0.01))
+    prog = _program(LastStep(3, 5, 2), {"x": (2, 3, 3)}, loss=nn.CrossEntropyLoss(), opt=optim.SGD(lr=0.01))
     assert build_bundle(prog, check=True).manifest == build_bundle(prog).manifest
 
 
@@ -326,26 +318,13 @@ def test_codegen_time_grows_about_linearly() -> None:
     assert sixteen / one < 16 * 3, (one, sixteen)
 
 
-class _LastStep(nn.Module):
-    """An LSTM over the sequence, then a linear layer on the last step's output."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(4, 8, batch_first=True)
-        self.fc = nn.Linear(8, 3)
-
-    def forward(self, x: Any) -> Any:
-        out, _ = self.lstm(x)
-        return self.fc(out[:, -1])
-
-
 def _lstm_compile_seconds(steps: int) -> float:
     """Best of 3 process times of compiling and lowering an LSTM unrolled over `steps` steps
     (trace, autodiff, Adam, then every pass and the shaders of all entry points)."""
     best = float("inf")
     for _ in range(3):
         start = time.process_time()
-        model, loss, opt = _LastStep(), nn.CrossEntropyLoss(), optim.Adam(lr=1e-3)
+        model, loss, opt = LastStep(4, 8, 3), nn.CrossEntropyLoss(), optim.Adam(lr=1e-3)
         prog = _program(model, {"x": (2, steps, 4)}, loss=loss, opt=opt)
         build_bundle(prog)
         best = min(best, time.process_time() - start)
@@ -374,7 +353,7 @@ def test_graph_passes_that_change_nothing_return_their_input() -> None:
 def test_graph_passes_rewrite_a_new_graph() -> None:
     """split_wide narrows ``out[:, -1]`` of the stacked LSTM outputs to the last step (the
     concat disappears; tests/passes/test_split_wide.py has its golden plan)."""
-    plans = _plans(_program(Seq(), {"x": (2, 3, 3)}), "predict")
+    plans = _plans(_program(LastStep(3, 5, 2), {"x": (2, 3, 3)}), "predict")
     concats = {n: sum(p.graph.op(m) == "concat" for m in p.graph.nodes()) for n, p in plans.items()}
     assert concats["split_reductions"] == 1 and concats["split_wide"] == 0
     assert plans["split_wide"].graph is not plans["split_reductions"].graph

@@ -7,6 +7,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from conftest import LastStep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,17 +17,6 @@ from glcomp.codegen.bundle import build_bundle
 from glcomp.codegen.programs import canonical, merge_origins, sharing_key
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "char_gpt.py"
-
-
-class _LastStep(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(3, 4, batch_first=True)
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, x):
-        out, _ = self.lstm(x)
-        return self.fc(out[:, -1])
 
 
 def test_canonical_renames_node_ids_consistently() -> None:
@@ -61,7 +51,7 @@ def test_view_offsets_become_uniforms() -> None:
 def test_recurrence_steps_share_programs(gl_runtime) -> None:
     glcomp.manual_seed(0)
     prog = glcomp.compile(
-        _LastStep(), {"x": (2, 12, 3)}, loss=nn.CrossEntropyLoss(), optimizer=optim.SGD(lr=0.1)
+        LastStep(3, 4, 2), {"x": (2, 12, 3)}, loss=nn.CrossEntropyLoss(), optimizer=optim.SGD(lr=0.1)
     )
     bundle = build_bundle(prog)
     draws = [d for e in bundle.manifest["entries"].values() for d in e["draws"]]
@@ -153,7 +143,7 @@ def test_kernels_lowered_once_equal_their_own_rendering(monkeypatch: Any) -> Non
         return got
 
     monkeypatch.setattr(render_cache.RenderCache, "lower", checked_lower)
-    for model, shape in ((_LastStep(), (2, 6, 3)), (_Attention(), (2, 5, 8))):
+    for model, shape in ((LastStep(3, 4, 2), (2, 6, 3)), (_Attention(), (2, 5, 8))):
         for target in ("webgl2", "webgl1"):
             glcomp.manual_seed(0)
             opt = optim.Adam(lr=1e-3)

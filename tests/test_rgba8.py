@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import DIALECTS
+from conftest import DIALECTS, train_both
 from test_browser import HIDE, _js, browser, site  # noqa: F401  (browser fixtures)
 from test_matmul_tiled import Product, SumLoss, check, force, tiled_shapes  # noqa: F401  (force: a fixture)
 
@@ -152,25 +152,6 @@ def test_shader_round_trip_is_exact(gl_ctx: Any, dialect: str):
     assert exact.sum() > 3000  # most patterns are ordinary floats, compared bit for bit
 
 
-def _train_both(case: Any, prog: Any, gl: Any) -> tuple[np.ndarray, np.ndarray]:
-    ref = prog.runtime("reference")
-    got, want = [], []
-    for step in range(STEPS):
-        feeds, y = case.batch(step % 3)
-        got.append(gl.train_step(**feeds, y=y))
-        want.append(ref.train_step(**feeds, y=y))
-    final, expected = gl.state_dict(), ref.state_dict()
-    for name, w in expected.items():
-        scale = float(np.abs(w).max()) or 1.0
-        err = float(np.abs(np.asarray(final[name], np.float64) - w).max()) / scale
-        assert err <= STATE_RTOL, f"{name}: deviates by {err:.2e} of its largest element"
-    feeds, _ = case.batch(0)
-    out, out_ref = gl.predict(**feeds), ref.predict(**feeds)
-    assert out.dtype == np.float32
-    np.testing.assert_allclose(out, out_ref, rtol=1e-5, atol=1e-6)
-    return np.array(got), np.array(want)
-
-
 # (model, dialect): every test model in GLSL ES 3.00, the CNN and the LSTM in GLSL ES 1.00 too
 # (the MLP runs on the webgl1-mobile preset below). The GLSL ES 1.00 LSTM (its shaders take the
 # longest to build) runs with `--slow`; the CNN checks that dialect's decoder in loops meanwhile.
@@ -188,7 +169,7 @@ def test_rgba8_bundle_trains_like_the_reference(models: Any, gl_runtime: Any, na
         # No float texture at all: every GL texture is RGBA8, 4x as wide as its record.
         assert {tex.dtype for tex in gl.textures.values()} == {"f1"}
         assert all(gl.textures[n].width == 4 * t["width"] for n, t in m["textures"].items())
-        got, want = _train_both(case, prog, gl)
+        got, want = train_both(case, prog, gl, STEPS, STATE_RTOL, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, want, rtol=LOSS_RTOL, err_msg="loss per step")
 
 
@@ -197,7 +178,7 @@ def test_rgba8_mobile_webgl1_sgd(models: Any, gl_runtime: Any):
     case = models["mlp"]
     prog = case.compile("webgl1-mobile", optim.SGD(lr=0.1, momentum=0.9), storage="rgba8")
     with gl_runtime(prog) as gl:
-        got, want = _train_both(case, prog, gl)
+        got, want = train_both(case, prog, gl, STEPS, STATE_RTOL, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, want, rtol=LOSS_RTOL, err_msg="loss per step")
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MODELS
+from conftest import MODELS, train_both
 from test_browser import HIDE, _js, browser, page, site  # noqa: F401  (browser fixtures)
 
 import glcomp
@@ -36,25 +36,6 @@ def formats(manifest: dict[str, Any]) -> dict[str, str]:
     return {name: t.get("format", "f32") for name, t in manifest["textures"].items()}
 
 
-def train_both(case: Any, prog: glcomp.Program, gl: Any) -> tuple[np.ndarray, np.ndarray]:
-    ref = prog.runtime("reference")
-    got, want = [], []
-    for step in range(STEPS):
-        feeds, y = case.batch(step % 3)
-        got.append(gl.train_step(**feeds, y=y))
-        want.append(ref.train_step(**feeds, y=y))
-    final, expected = gl.state_dict(), ref.state_dict()
-    for name, w in expected.items():
-        scale = float(np.abs(w).max()) or 1.0
-        err = float(np.abs(np.asarray(final[name], np.float64) - w).max()) / scale
-        assert err <= STATE_RTOL, f"{name}: deviates by {err:.2e} of its largest element"
-    feeds, _ = case.batch(0)
-    out, out_ref = gl.predict(**feeds), ref.predict(**feeds)
-    assert out.dtype == np.float32
-    np.testing.assert_allclose(out, out_ref, atol=STATE_RTOL * float(np.abs(out_ref).max()))
-    return np.array(got), np.array(want)
-
-
 @pytest.mark.parametrize("name", ["mlp", "cnn", "lstm", "activations"])
 def test_f16_bundle_trains_like_the_reference(models: Any, name: str, gl_runtime: Any):
     case = models[name]
@@ -65,7 +46,7 @@ def test_f16_bundle_trains_like_the_reference(models: Any, name: str, gl_runtime
     with gl_runtime(prog) as gl:
         assert {gl.textures[t].dtype for t in half} == {"f2"}
         assert {gl.textures[t].dtype for t in m["textures"] if t not in half} == {"f4"}
-        got, want = train_both(case, prog, gl)
+        got, want = train_both(case, prog, gl, STEPS, STATE_RTOL, atol_rel=STATE_RTOL)
     np.testing.assert_allclose(got, want, rtol=LOSS_RTOL, err_msg="loss per step")
     # Not vacuous: half-precision storage does change the numbers (float32 GL agrees to ~1e-6).
     assert np.abs(got - want).max() / np.abs(want).max() > 1e-5
@@ -75,7 +56,7 @@ def test_f16_webgl1_sgd_trains(models: Any, gl_runtime: Any):
     case = models["cnn"]
     prog = case.compile("webgl1", optim.SGD(lr=0.1, momentum=0.9), storage="f16")
     with gl_runtime(prog) as gl:
-        got, want = train_both(case, prog, gl)
+        got, want = train_both(case, prog, gl, STEPS, STATE_RTOL, atol_rel=STATE_RTOL)
     np.testing.assert_allclose(got, want, rtol=LOSS_RTOL, err_msg="loss per step")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import SumLoss
 
 import glcomp
 import glcomp.runtime.gl as gl_module
@@ -42,14 +43,6 @@ class Fn(nn.Module):
 
     def forward(self, x: Any) -> Any:
         return self.fn(x, self)
-
-
-class SumLoss(nn.Module):
-    def forward(self, out: Any, y: Any) -> Any:
-        return (out * y).sum()
-
-    def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"shape": output_shape, "dtype": "float32"}
 
 
 _FUNCTION = re.compile(r"^(?:float|vec4|vec2|int|bool|void) (\w+)\([^)]*\) \{", re.MULTILINE)

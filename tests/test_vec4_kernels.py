@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import SumLoss
 
 import glcomp
 from glcomp import nn
@@ -43,14 +44,6 @@ class Product(nn.Module):
         if self.form == "fused_a":  # A is a fused expression, B stored
             return (x * 0.5) @ self.w
         return x @ self.w  # both stored, read along their packed axes
-
-
-class SumLoss(nn.Module):
-    def forward(self, out: Any, y: Any) -> Any:
-        return (out * y).sum()
-
-    def target_spec(self, output_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"shape": output_shape, "dtype": "float32"}
 
 
 def check(prog: glcomp.Program, gl_runtime: Any, out_shape: tuple[int, ...], seed: int = 0) -> None:

@@ -5,6 +5,7 @@ writes the GLSL that maps an output index to the operand index it reads."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -246,17 +247,26 @@ def slice_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[in
     return [f"return {r.call4(r.graph.operands(n)[0], src_lead, j0)};"], [r.graph.operands(n)[0]], []
 
 
-def pad_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
-    g = r.graph
-    attrs, src = g.attrs(n), g.operands(n)[0]
+def _pad_indices(
+    args: list[str], attrs: dict[str, Any], shape: tuple[int, ...]
+) -> tuple[list[str], list[str]]:
+    """For output indices `args` of a padding: the conditions that they lie inside the operand,
+    and the operand's indices, shifted and clamped into range (read, then selected)."""
     conds, src_args = [], []
-    for a, lo, hi, size in zip(args, attrs["before"], attrs["after"], g.shape(src)):
+    for a, lo, hi, size in zip(args, attrs["before"], attrs["after"], shape):
         if lo:
             conds.append(f"{a} >= {lo}")
         if lo or hi:
             conds.append(f"{a} < {lo + size}")
         shifted = f"{a} - {lo}" if lo else a
         src_args.append(f"iclamp({shifted}, 0, {size - 1})" if lo or hi else a)
+    return conds, src_args
+
+
+def pad_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
+    g = r.graph
+    attrs, src = g.attrs(n), g.operands(n)[0]
+    conds, src_args = _pad_indices(args, attrs, g.shape(src))
     cond = " && ".join(conds) or "true"
     # Read at a clamped index, then select: no texture read inside a branch.
     return [f"float x = {r.call(src, src_args)};", f"return ({cond}) ? x : 0.0;"]
@@ -271,14 +281,7 @@ def pad_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int]
     lo_last, size_last = attrs["before"][-1], src_shape[-1]
     if lo_last % 4:
         return None
-    conds, src_lead = [], []
-    for a, lo, hi, size in zip(lead, attrs["before"], attrs["after"], src_shape):
-        if lo:
-            conds.append(f"{a} >= {lo}")
-        if lo or hi:
-            conds.append(f"{a} < {lo + size}")
-        shifted = f"{a} - {lo}" if lo else a
-        src_lead.append(f"iclamp({shifted}, 0, {size - 1})" if lo or hi else a)
+    conds, src_lead = _pad_indices(lead, attrs, src_shape)  # zip stops at the lead axes
     j0 = f"iclamp(j0 - {lo_last}, 0, {4 * ((size_last - 1) // 4)})" if lo_last or attrs["after"][-1] else "j0"
     if lo_last:
         conds.append(f"j0 >= {lo_last}")
