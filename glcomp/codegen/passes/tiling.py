@@ -31,6 +31,7 @@ from glcomp.codegen.target import Target
 from glcomp.codegen.tiled import Tiling
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
+from glcomp.ir.passes.split_reductions import split_factor
 
 # Block shapes (R rows, C column texels) tried, R * C render targets each.
 SHAPES = ((8, 1), (4, 2), (4, 1), (2, 2), (2, 1))
@@ -85,10 +86,7 @@ def split_chunks(m: int, k: int, cols: int) -> int:
     steps = k // 4
     if k % 4 or m * math.ceil(cols / 4) > FEW_TEXELS or steps < LONG_STEPS:
         return 1
-    s = 1 << (max(0, (steps - 1).bit_length()) // 2)
-    while steps % s:
-        s //= 2
-    return s
+    return split_factor(steps)
 
 
 def choose_tiling(

@@ -33,6 +33,15 @@ def _stages(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[tuple[int, .
     return None if best is None else (best[1], best[2])
 
 
+def split_factor(length: int) -> int:
+    """The power of two about sqrt(`length`) (at most it) that divides `length`: two stages of a
+    reduction split by it loop about as long as each other."""
+    p = 1 << (max(0, (length - 1).bit_length()) // 2)
+    while length % p:
+        p //= 2
+    return p
+
+
 def _plan(graph: Graph, n: int) -> tuple[tuple[int, ...], tuple[int, ...]] | tuple[int, int] | None:
     """How `_split` splits reduction `n` (without changing the graph): the (first, second)
     stage axes, or (axis, factor) for a single axis split through a reshape; None to keep it."""
@@ -47,9 +56,7 @@ def _plan(graph: Graph, n: int) -> tuple[tuple[int, ...], tuple[int, ...]] | tup
     (a,) = axes
     if a == len(shape) - 1:
         return None  # splitting the packed axis would make the first stage read per element
-    p = 1 << (max(0, (shape[a] - 1).bit_length()) // 2)  # about sqrt(L), a power of two
-    while shape[a] % p:
-        p //= 2
+    p = split_factor(shape[a])
     if p < 2:
         return None
     return a, p
