@@ -273,6 +273,9 @@ NAN_FUNCTIONS = {
     "maximum": lambda t: glcomp.maximum(t, 0.5),
     "maximum_left": lambda t: glcomp.maximum(0.5, t),
     "minimum": lambda t: glcomp.minimum(t, 0.5),
+    # max(inf, -inf) is inf, not the NaN of inf + -inf: only a NaN operand makes a NaN
+    "maximum_opposite": lambda t: glcomp.maximum(t, -t),
+    "minimum_opposite": lambda t: glcomp.minimum(-t, t),
     "max_reduce": lambda t: t.amax(-1),
     "max_all": lambda t: t.max(),
     "max_dim": lambda t: tuple(t.max(0)),

@@ -2,8 +2,8 @@
 step of a recurrence, repeated layers) get one GLSL source, so the bundle lists one program and
 the runtime compiles it once.
 
-Rendered shaders name their functions and samplers after IR node ids (``v123``,
-``glc_fetch_123``, ``s123_0``) and open with a comment listing the kernel's nodes. `canonical`
+Rendered shaders name their functions, samplers and locals after IR node ids (``v123``,
+``glc_fetch_123``, ``s123_0``, ``e123``) and open with a comment listing the kernel's nodes. `canonical`
 renumbers those identifiers by first appearance and drops the node list; draws keep their
 kernel name. Origin comments (``// from blocks.1.attn (Head)``) do not keep kernels apart:
 `sharing_key` ignores them and `merge_origins` lists every sharing kernel's origins in the one
@@ -23,7 +23,7 @@ _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
 ORIGIN = "// from "  # an origin comment line starts so
 # The identifiers the renderer generates from node ids (what `canonical` renumbers).
 # Shaders are ASCII (generated names, filtered comments): ASCII classes scan them twice as fast.
-NODE_NAME = re.compile(r"\b(v|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b", re.ASCII)
+NODE_NAME = re.compile(r"\b(v|e|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b", re.ASCII)
 # A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
 _VIEW_CALL = re.compile(r"^(\s*return v\d+(?:_4)?\()(.*)(\);)$", re.MULTILINE)  # v<k>_4: a texel
 _OFFSET = re.compile(r"\((i\d+|j0) ([+-]) (\d+)\)")
@@ -31,7 +31,8 @@ _DECLARATIONS = "uniform int u_page_offset;\n"
 MAX_OFFSET = 1 << 24  # integer uniforms must stay exact in highp int and in JSON numbers
 # Helper functions of the shared prelude (glc_*, imod, iclamp): kept only where called.
 _HELPER = re.compile(
-    r"^(?:void|float|int|uint|bool|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(", re.MULTILINE | re.ASCII
+    r"^(?:void|float|int|uint|bool|bvec4|vec2|vec4) (glc_[a-z][a-z0-9]*|imod|iclamp)\(",
+    re.MULTILINE | re.ASCII,
 )
 _CALL = re.compile(r"\b(\w++)\(", re.ASCII)  # a call (or a definition) of any function: its whole name
 

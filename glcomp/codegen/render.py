@@ -404,17 +404,72 @@ class KernelRenderer:
             row = _flat(lead, shape[:-1]) if lead else "0"
             return [f"return glc_fetch_{n}_4({row}, j0);"], [], []
         rule = get_op(g.op(n))
-        ins = self.operands(n)
         if math.prod(shape) == 1:
             return [f"return vec4({self.call(n, ['0'] * len(shape))});"], [], [n]
         if rule.kind == "elementwise":
-            lines = [f"vec4 {'abc'[k]} = {self.call4(src, lead, 'j0')};" for k, src in enumerate(ins)]
-            return [*lines, f"return {rule.glsl4 or rule.glsl};"], list(ins), []
+            return self._elementwise4(n, lead, uniform_of, textures)
         if rule.emit4 is not None:
             form = rule.emit4(self, n, lead)
             if form is not None:
                 return form
         return [f"return {self._gather4(n, lead)};"], [], [n]
+
+    def _elementwise4(
+        self, n: int, lead: list[str], uniform_of: dict[int, str], textures: set[int]
+    ) -> tuple[list[str], list[int], list[int]]:
+        """The body of elementwise node `n`'s vec4 function: `_ssa4` of `n`, returning its local."""
+        lines, called = self._ssa4([n], lead, uniform_of, textures)
+        return [*lines, f"return e{n};"], called, []
+
+    def _ssa4(
+        self, targets: list[int], lead: list[str], uniform_of: dict[int, str], textures: set[int]
+    ) -> tuple[list[str], list[int]]:
+        """Straight-line code computing the texel (lead..., j0 + c)_c of each of `targets` (nodes of
+        one shape) into a local `e<node>`: every elementwise node of the fused DAG below them (read
+        at the same texel, as elementwise ops read their operands) is computed once, in dependency
+        order, and anything else (leaves, views, loop nodes) is called once through its vec4
+        function. Returns the lines and the nodes whose vec4 functions they call.
+
+        A DAG written as nested calls is a tree once the shader compiler inlines it: a value read
+        twice (x * x, Adam's gradient in both moments, a gradient feeding several render targets)
+        is computed twice, and the compiler's time (a software renderer's JIT compiles a program
+        at its first draw) grows with the tree, not with the DAG. Guarantee: the same operations
+        on the same values as the nested form."""
+        g = self.graph
+        shape = g.shape(targets[0])
+        lines: list[str] = []
+        local: dict[int, str] = {}
+        called: list[int] = []
+
+        def inline(m: int) -> bool:
+            return (
+                get_op(g.op(m)).kind == "elementwise"
+                and m not in uniform_of
+                and m not in textures
+                and g.shape(m) == shape
+                and math.prod(shape) != 1
+            )
+
+        stack: list[tuple[int, bool]] = [(t, False) for t in reversed(targets)]
+        while stack:
+            m, ready = stack.pop()
+            if m in local:
+                continue
+            ins = self.operands(m)
+            if not inline(m):
+                local[m] = f"e{m}"
+                lines.append(f"vec4 e{m} = {self.call4(m, lead, 'j0')};")
+                called.append(m)
+            elif ready:
+                rule = get_op(g.op(m))
+                binds = [f"vec4 {'abc'[k]} = {local[src]}; " for k, src in enumerate(ins)]
+                local[m] = f"e{m}"
+                lines.append(f"vec4 e{m};")
+                lines.append(f"{{ {''.join(binds)}e{m} = {rule.glsl4 or rule.glsl}; }}")
+            else:
+                stack.append((m, True))
+                stack.extend((src, False) for src in reversed(ins) if src not in local)
+        return lines, called
 
     def plan4(
         self, roots: list[int], uniform_of: dict[int, str], textures: set[int]
@@ -497,6 +552,7 @@ class KernelRenderer:
                     "pages": lay.pages,
                     "width": lay.width,
                     "height": lay.height,
+                    "shift": None if t.webgl1 or lay.width & (lay.width - 1) else lay.width.bit_length() - 1,
                     "samplers": names,
                 }
             )
@@ -542,7 +598,36 @@ class KernelRenderer:
                 else:
                     self.want4 = asked  # the form not taken reads nothing
         # Loop templates read fused operands a texel at a time through vec4 functions (fn4).
-        bodies, scalar_seeds = self.plan4([*chains, *sorted(self.want4)], uniform_of, textures)
+        # Render targets of one geometry share main()'s index arithmetic; their fused chains (two or
+        # more, without a loop cache) are computed there together as straight-line code, each value
+        # they share once (_ssa4), instead of through one glc_root function each.
+        outputs = [self._output(r) for r in kernel.roots]
+        for o, spec in zip(outputs, roots):
+            if "vec4" in spec:
+                o |= {"vec4": True, "args4": spec["vec4"]["args4"]}
+        groups: list[dict[str, Any]] = []
+        for i, o in enumerate(outputs):
+            key = (o["texels"], o["row_texels"], o["row_len"], o["args"], o.get("args4"), *o["unflatten"])
+            if groups and groups[-1]["key"] == key:
+                groups[-1]["members"].append(i)
+            else:
+                groups.append({"key": key, "members": [i], "lines": []})
+        seeds = list(chains)
+        for grp in groups:
+            shared = [
+                i for i in grp["members"] if kernel.roots[i] in chains and "caches" not in roots[i]["vec4"]
+            ]
+            if len(shared) < 2:
+                continue
+            lead = [f"i{k}" for k in range(len(g.shape(kernel.roots[shared[0]])) - 1)]
+            lines, called = self._ssa4([kernel.roots[i] for i in shared], lead, uniform_of, textures)
+            grp["lines"] = lines
+            for i in shared:
+                outputs[i]["local"] = f"e{kernel.roots[i]}"
+                roots[i]["inline"] = True
+                seeds.remove(kernel.roots[i])
+            seeds += called
+        bodies, scalar_seeds = self.plan4([*seeds, *sorted(self.want4)], uniform_of, textures)
         # Scalar functions are defined where something calls them: scalar roots, the operands of
         # loop roots and of every scalar function, and the gathers of vec4 functions.
         needed: set[int] = set()
@@ -573,10 +658,8 @@ class KernelRenderer:
             key = (-1, self.position[n]) if n in kernel.leaves else (self.position[n], 1)
             slots.append((key, {"sig": f"vec4 v{n}_4({head['params4']})", "lines": lines}))
         functions += [fn for _, fn in sorted(slots, key=lambda s: s[0])]
-        outputs = [self._output(r) for r in kernel.roots]
-        for o, spec in zip(outputs, roots):
-            if "vec4" in spec:
-                o |= {"vec4": True, "args4": spec["vec4"]["args4"]}
+        for grp in groups:
+            grp["outputs"] = [(i, outputs[i]) for i in grp["members"]]
         context = {
             "webgl1": t.webgl1,
             "rgba8": self.rgba8,
@@ -584,6 +667,7 @@ class KernelRenderer:
             "node_ids": ", ".join(f"%{n}" for n in [*kernel.body, *kernel.roots]),
             "origins": [safe_comment(o) for o in kernel.origins],
             "outputs": outputs,
+            "groups": groups,
             "samplers": [s for s, _, _ in samplers],
             "uniforms": [u for u, _ in uniforms],
             "fetches": fetches,
