@@ -20,6 +20,18 @@ def glsl_float(value: float) -> str:
     return text if any(c in text for c in ".e") else text + ".0"
 
 
+def conjunction(conds: list[str]) -> str:
+    """GLSL that is true when every one of the (side-effect free) boolean expressions `conds` is,
+    written without `&&`: shader translators compile a short-circuit `&&` to a branch, and a
+    software renderer's JIT compiles a branch many times slower than ``all(bvecN(...))``, which
+    evaluates every operand (the same value: the operands have no effects)."""
+    if len(conds) <= 1:
+        return conds[0] if conds else "true"
+    groups = [conds[i : i + 4] for i in range(0, len(conds), 4)]
+    parts = [g[0] if len(g) == 1 else f"all(bvec{len(g)}({', '.join(g)}))" for g in groups]
+    return conjunction(parts)
+
+
 def params(rank: int) -> str:
     """The parameter list of a function of one element of a rank-`rank` tensor."""
     return ", ".join(f"int i{k}" for k in range(rank))

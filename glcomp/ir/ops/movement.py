@@ -11,7 +11,7 @@ import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.ir.ops._samples import dims, st
-from glcomp.ir.ops.glsl import flat, strides
+from glcomp.ir.ops.glsl import conjunction, flat, strides
 from glcomp.ir.ops.registry import Emitter, Op, register
 
 
@@ -267,9 +267,8 @@ def pad_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
     g = r.graph
     attrs, src = g.attrs(n), g.operands(n)[0]
     conds, src_args = _pad_indices(args, attrs, g.shape(src))
-    cond = " && ".join(conds) or "true"
     # Read at a clamped index, then select: no texture read inside a branch.
-    return [f"float x = {r.call(src, src_args)};", f"return ({cond}) ? x : 0.0;"]
+    return [f"float x = {r.call(src, src_args)};", f"return {conjunction(conds)} ? x : 0.0;"]
 
 
 def pad_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
@@ -285,8 +284,16 @@ def pad_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int]
     j0 = f"iclamp(j0 - {lo_last}, 0, {4 * ((size_last - 1) // 4)})" if lo_last or attrs["after"][-1] else "j0"
     if lo_last:
         conds.append(f"j0 >= {lo_last}")
-    lines = [f"vec4 x = {r.call4(src, src_lead, j0)};", f"bool in_rows = {' && '.join(conds) or 'true'};"]
-    lanes = [f"in_rows && j0 + {c} < {lo_last + size_last} ? x.{'xyzw'[c]} : 0.0" for c in range(4)]
+    # Lane c lies inside the operand where j0 + c < end; with `end` a multiple of 4 that is one
+    # test for the whole texel (and none without padding after the operand's last column).
+    end = lo_last + size_last
+    if attrs["after"][-1] and end % 4 == 0:
+        conds.append(f"j0 < {end}")
+    lines = [f"vec4 x = {r.call4(src, src_lead, j0)};", f"bool in_rows = {conjunction(conds)};"]
+    lanes = [
+        f"{conjunction(['in_rows', f'j0 + {c} < {end}'] if end % 4 else ['in_rows'])} ? x.{'xyzw'[c]} : 0.0"
+        for c in range(4)
+    ]
     return [*lines, f"return vec4({', '.join(lanes)});"], [src], []
 
 
