@@ -200,6 +200,7 @@ const WRITE_AFTER_RE = /[ \t\r\n]*(?:[-+*/%&|^]?=(?!=)|<<=|>>=|\+\+|--)/y;
 const WRITE_BEFORE_RE = /(?:\+\+|--)[ \t\r\n]*$/;
 const DIRECTIVE_RE = /^#[ \t]*(?:version[ \t]+(?:100|300[ \t]+es)|extension[ \t]+[A-Za-z0-9_]+[ \t]*:[ \t]*[a-z]+)$/;
 const CODE_CHARS_RE = /^[ -~\t\r\n]*$/;
+const DIRECTIVE_LINE_RE = /^[ \t\r]*#[^\n]*/gm; // lines whose first non-blank character is #
 
 /** An upper bound of the loop iterations one invocation of `source`'s main() runs; throws
  *  GlcompError naming `where` for any loop not of the form `for (int v = 0; v < N; v++) {` (or
@@ -216,30 +217,39 @@ export function shaderLoopBound(source, where) {
   text = source.replace(COMMENT_RE, (c) => c.replace(/[^\n]/g, " "));
   if (text.includes("/*")) throw fail("unterminated comment");
   if (!CODE_CHARS_RE.test(text)) throw fail("characters other than printable ASCII outside comments");
-  for (const raw of text.split("\n")) {
-    const line = raw.replace(/^[ \t\r]+|[ \t\r]+$/g, "");
-    if (line.startsWith("#") && !DIRECTIVE_RE.test(line)) {
-      throw fail(`preprocessor directive ${repr(line.slice(0, 60))} is not allowed`);
-    }
+  // (Plain loops over parallel arrays: this runs on every shader of a bundle at load.)
+  for (const mt of text.matchAll(DIRECTIVE_LINE_RE)) {
+    const line = mt[0].replace(/^[ \t\r]+|[ \t\r]+$/g, "");
+    if (!DIRECTIVE_RE.test(line)) throw fail(`preprocessor directive ${repr(line.slice(0, 60))} is not allowed`);
   }
-  const tokens = [];
-  for (const mt of text.matchAll(TOKEN_RE)) tokens.push([mt[0], mt.index]);
+  const toks = [];
+  const poss = [];
+  TOKEN_RE.lastIndex = 0;
+  for (let mt = TOKEN_RE.exec(text); mt !== null; mt = TOKEN_RE.exec(text)) {
+    toks.push(mt[0]);
+    poss.push(mt.index);
+  }
+  const isName = (tok) => {
+    const c = tok.charCodeAt(0);
+    return c === 95 || (c >= 65 && c <= 90) || (c >= 97 && c <= 122);
+  };
   // A function's name: the identifier before the "(" that opens its parameters, outside every
   // brace and parenthesis (never a call in a parameter's array size).
   const defined = new Set();
   let depth = 0;
   let paren = 0;
   let lastName = "";
-  tokens.forEach(([tok], i) => {
+  for (let i = 0; i < toks.length; i++) {
+    const tok = toks[i];
     if (tok === "{") {
-      if (depth === 0 && i > 0 && tokens[i - 1][0] === ")") defined.add(lastName);
+      if (depth === 0 && i > 0 && toks[i - 1] === ")") defined.add(lastName);
       depth += 1;
     } else if (tok === "}") depth -= 1;
     else if (depth === 0 && (tok === "(" || tok === ")")) paren += tok === "(" ? 1 : -1;
-    else if (depth === 0 && paren === 0 && i + 1 < tokens.length && tokens[i + 1][0] === "(") {
-      if (/^[A-Za-z_]/.test(tok)) lastName = tok;
+    else if (depth === 0 && paren === 0 && i + 1 < toks.length && toks[i + 1] === "(") {
+      if (isName(tok)) lastName = tok;
     }
-  });
+  }
   const bounds = new Map();
   depth = 0;
   paren = 0;
@@ -248,10 +258,11 @@ export function shaderLoopBound(source, where) {
   let total = 0;
   const loops = []; // [variable, iterations including this loop's, depth]
   let i = 0;
-  while (i < tokens.length) {
-    const [tok, pos] = tokens[i];
+  while (i < toks.length) {
+    const tok = toks[i];
+    const pos = poss[i];
     const mult = loops.length ? loops[loops.length - 1][1] : 1;
-    const nxt = i + 1 < tokens.length ? tokens[i + 1][0] : "";
+    const nxt = i + 1 < toks.length ? toks[i + 1] : "";
     if (tok === "while" || tok === "do") throw fail(`${tok} loops are not allowed`, pos);
     if (tok === "for") {
       FOR_RE.lastIndex = pos;
@@ -262,13 +273,13 @@ export function shaderLoopBound(source, where) {
       depth += 1;
       loops.push([found[1], mult * n, depth]);
       const end = found.index + found[0].length;
-      while (i < tokens.length && tokens[i][1] < end) i += 1;
+      while (i < toks.length && poss[i] < end) i += 1;
       continue;
     }
     if (tok === "{") {
       depth += 1;
       if (depth === 1) {
-        func = i > 0 && tokens[i - 1][0] === ")" ? lastName : null;
+        func = i > 0 && toks[i - 1] === ")" ? lastName : null;
         total = 0;
       }
     } else if (tok === "}") {
@@ -281,7 +292,7 @@ export function shaderLoopBound(source, where) {
       }
     } else if (tok === "(" || tok === ")") {
       if (depth === 0) paren += tok === "(" ? 1 : -1;
-    } else if (/^[A-Za-z_]/.test(tok)) {
+    } else if (isName(tok)) {
       if (depth === 0 && nxt === "(") {
         if (paren === 0) lastName = tok;
       } else if (depth > 0 && nxt === "(" && defined.has(tok)) {

@@ -143,6 +143,10 @@ export class Validator {
   anyOf(value, branches, path) {
     let first = null;
     for (const branch of branches) {
+      // A branch of another type fails at its type check without recording an error (below):
+      // skipped without building the error (an Error's stack trace) it would throw.
+      const type = this.resolve(branch).type;
+      if (type !== undefined && !(Array.isArray(type) ? type : [type]).some((t) => hasType(value, t))) continue;
       try {
         this.validate(value, branch, path);
         return;
