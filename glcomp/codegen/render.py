@@ -173,6 +173,8 @@ class KernelRenderer:
         self.webgl1 = target.webgl1
         self.position = {n: i for i, n in enumerate(graph.topo())}
         self.want4 = set()
+        self.want4t: set[int] = set()  # stored leaves read a column texel at a time (`texel4t`)
+        self.textures: set[int] = set()  # the stored leaves of the kernel being rendered
         self._operands: dict[int, list[int]] = {}  # graph.operands, read once per node
 
     def operands(self, n: int) -> list[int]:
@@ -374,6 +376,16 @@ class KernelRenderer:
         """A call of node `n`'s vec4 function: the elements (lead..., j0 + c)_c, j0 a multiple of 4."""
         return f"{self.fn4(n)}({', '.join([*lead, j0])})"
 
+    def texel4t(self, src: int, col: str, j0: str) -> str | None:
+        """The elements (src[j0 + c, col])_c of the kernel's stored 2-D leaf `src` (on one page):
+        four texel reads, one per row (rows past the last clamped), and one component select for
+        all four (`col` mod 4); None when `src` is no such leaf. A transposed operand then costs
+        four reads, not four scalar fetches with an address computation and a select each."""
+        if src not in self.textures or len(self.graph.shape(src)) != 2 or self.layouts[src].pages != 1:
+            return None
+        self.want4t.add(src)
+        return f"glc_fetch_{src}_4t({col}, {j0})"
+
     def _gather4(self, n: int, lead: list[str]) -> str:
         """The texel (lead..., j0 + c)_c of `n` from four calls of its scalar function, each column
         clamped to the row (components past the row end are masked by main())."""
@@ -531,6 +543,7 @@ class KernelRenderer:
         g, t = self.graph, self.target
         self.unroll = self.kernel_unroll(kernel)
         self.want4 = set()
+        self.want4t = set()
         samplers: list[tuple[str, int, int]] = []
         uniforms: list[tuple[str, str]] = []
         uniform_of: dict[int, str] = {}
@@ -564,6 +577,7 @@ class KernelRenderer:
         # a time through vec4 functions (plan4), after filling the cache of its only loop node
         # when that one (an epilogue operand read at the root's index) has a root4 form.
         textures = {leaf for leaf in kernel.leaves if leaf not in uniform_of}
+        self.textures = textures
         roots, cached, chains = [], {}, []
         for n in kernel.roots:
             spec = self.root(n) | {"template": root_template(g, n)}
@@ -640,7 +654,9 @@ class KernelRenderer:
             if n not in kernel.leaves:
                 todo.extend(self.operands(n))
         for f in fetches:
-            f["scalar"], f["vec4"] = f["node"] in needed, f["node"] in bodies
+            f["scalar"], f["vec4t"] = f["node"] in needed, f["node"] in self.want4t
+            f["vec4"] = f["node"] in bodies or f["vec4t"]
+            f["rows"] = g.shape(f["node"])[0] if f["vec4t"] else 0
         functions = [self.leaf_function(leaf, uniform_of) for leaf in kernel.leaves if leaf in needed]
         order = sorted(inline & needed, key=self.position.__getitem__)
         ordered = [self.function(n) for n in order]

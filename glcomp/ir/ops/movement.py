@@ -104,8 +104,12 @@ def permute_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
 
 
 def permute_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
-    """A permutation of the leading axes only: the operand's texel at the permuted row."""
+    """A permutation of the leading axes only: the operand's texel at the permuted row. A 2-D
+    transpose of a stored operand: four of its rows' texels, one component of each."""
     perm = tuple(r.graph.attrs(n)["perm"])
+    if perm == (1, 0):
+        read = r.texel4t(r.graph.operands(n)[0], lead[0], "j0")
+        return None if read is None else ([f"return {read};"], [], [])
     if perm[-1] != len(perm) - 1:
         return None
     src = r.graph.operands(n)[0]

@@ -46,6 +46,11 @@ class Emitter(Protocol):
         multiple of 4 (components past the row end unspecified)."""
         ...
 
+    def texel4t(self, src: int, col: str, j0: str) -> str | None:
+        """A read of (src[j0 + c, col])_c for c = 0..3 (a column of a transposed operand) when
+        `src` is a stored 2-D texture of the kernel on one page, else None."""
+        ...
+
     def texture(self, n: int, textures: set[int]) -> dict[str, Any] | None:
         """Sampler and geometry of `n` when it is one of `textures` (the kernel's stored leaves)
         on a single page, or a row-preserving view of one; None otherwise."""
