@@ -31,6 +31,12 @@ def test_canonical_renames_node_ids_consistently() -> None:
     assert offsets == {}
     other, _, _ = canonical(src.replace("7", "12").replace("9", "30"))
     assert other == out
+    # every generated name holding a node id: locals, vec4 and transposed-texel fetches
+    more = "vec4 v7_4(int i0, int j0) {\n  vec4 e9 = glc_fetcht_9(i0, j0) + glc_fetch_9_4(i0, j0);\n"
+    more += "  return e9;\n}\n"
+    out, renamed, _ = canonical(more)
+    assert out == canonical(more.replace("9", "30"))[0] and "9" not in out
+    assert renamed["glc_fetcht_9"] == "glc_fetcht_1" and renamed["e9"] == "e1"
 
 
 def test_view_offsets_become_uniforms() -> None:

@@ -252,7 +252,7 @@ def test_transposed_operands_read_a_texel_per_row(
     prog = glcomp.compile(Fn(lambda x, m: (x.t() * 2.0).tanh(), *shape), {"x": shape}, target=dialect)
     (source,) = fragment_shaders(prog)
     assert texel_reads(source) == 4
-    assert "_4t(" in source and "glc_pick(v, " not in source  # no scalar fetch's component select
+    assert "glc_fetcht_" in source and "glc_pick(v, " not in source  # no scalar fetch's component select
     x = np.random.default_rng(8).normal(size=shape).astype(np.float32)
     with gl_runtime(prog) as gl:
         np.testing.assert_allclose(gl.predict(x=x), np.tanh(2.0 * x.T), rtol=RTOL, atol=ATOL)

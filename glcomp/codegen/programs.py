@@ -23,7 +23,7 @@ _NODE_LIST = re.compile(r"^// [^\n]*: nodes %[^\n]*\n", re.MULTILINE)
 ORIGIN = "// from "  # an origin comment line starts so
 # The identifiers the renderer generates from node ids (what `canonical` renumbers).
 # Shaders are ASCII (generated names, filtered comments): ASCII classes scan them twice as fast.
-NODE_NAME = re.compile(r"\b(v|e|glc_fetch_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b", re.ASCII)
+NODE_NAME = re.compile(r"\b(v|e|glc_fetch_|glc_fetcht_|s|glc_c_v|glc_j0_v|glc_t_v)(\d+)(_\d+)?\b", re.ASCII)
 # A view's call of its operand: `return v<k>(<index args>);`, an offset written `(i<d> + <c>)`.
 _VIEW_CALL = re.compile(r"^(\s*return v\d+(?:_4)?\()(.*)(\);)$", re.MULTILINE)  # v<k>_4: a texel
 _OFFSET = re.compile(r"\((i\d+|j0) ([+-]) (\d+)\)")

@@ -384,7 +384,7 @@ class KernelRenderer:
         if src not in self.textures or len(self.graph.shape(src)) != 2 or self.layouts[src].pages != 1:
             return None
         self.want4t.add(src)
-        return f"glc_fetch_{src}_4t({col}, {j0})"
+        return f"glc_fetcht_{src}({col}, {j0})"
 
     def _gather4(self, n: int, lead: list[str]) -> str:
         """The texel (lead..., j0 + c)_c of `n` from four calls of its scalar function, each column
