@@ -653,7 +653,6 @@ def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
         raw[f] = data
     manifest = parse_json(raw["manifest.json"], "manifest.json")
     names: set[str] = set()
-    packed: dict[str, str] = {}  # format 3: shaders.json's shaders
     if isinstance(manifest, dict):
         programs = manifest.get("programs")
         wanted = [manifest.get("vertex_shader")]
@@ -674,8 +673,7 @@ def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
             if data is None:
                 raise GlcompError(f"bundle {directory}: {SHADERS_FILE} is missing")
             raw[SHADERS_FILE] = data
-            packed = unpack_shaders(data, wanted)
-            names = set(packed)
+            names = set(wanted)  # shaders.json is judged once the manifest is known to be valid
         else:
             for name in dict.fromkeys(wanted):
                 data = reader.read(f"shaders/{name}")
@@ -684,7 +682,10 @@ def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
                     names.add(name)
     validate_manifest(manifest, names, texture_budget_bytes=texture_budget_bytes, loop_budget=loop_budget)
     if packed_shaders(manifest["version"]):
-        shaders = packed
+        vertex = [manifest["vertex_shader"]]
+        shaders = unpack_shaders(
+            raw[SHADERS_FILE], vertex + [p["fragment"] for p in manifest["programs"].values()]
+        )
     else:
         shaders = {}
         for n in names:

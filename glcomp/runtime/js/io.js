@@ -487,14 +487,18 @@ export async function loadBundle(source, options = {}) {
     }
     const unique = [...new Set(wanted)];
     if (packedShaders(manifest.version)) {
-      packedBytes = await packedBuf();
-      Object.assign(shaders, unpackShaders(packedBytes, unique));
+      packedBytes = await packedBuf(); // judged once the manifest is known to be valid
+      for (const name of unique) shaders[name] = null;
     } else {
       const texts = await Promise.all(unique.map(getShader));
       unique.forEach((name, i) => { if (texts[i] !== null) shaders[name] = texts[i]; });
     }
   }
   validateManifest(manifest, Object.keys(shaders), options);
+  if (packedBytes !== null) {
+    const wanted = [manifest.vertex_shader, ...Object.values(manifest.programs).map((p) => p.fragment)];
+    Object.assign(shaders, unpackShaders(packedBytes, wanted));
+  }
   checkShaders(manifest, shaders);
   const weightsBytes = await weightsBuf();
   const tensors = parseSafetensors(weightsBytes);
