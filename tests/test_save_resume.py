@@ -338,6 +338,14 @@ def test_concurrent_saves_and_loads_never_mix(two_programs: Any, gl_ctx: Any, tm
     for p in (a, b):
         p.bundle()  # lower both before the race
     target = tmp_path / "shared"
+    b.save(target)
+    start = time.perf_counter()
+    glcomp.load(target)
+    # A pause between saves longer than a load of b takes (b has more shaders to check): a
+    # reader slower than one save would otherwise always find its directory replaced, a clean
+    # error every time but never a read of b. Saves of four files are quick, so this is set by
+    # the reader's speed on this machine now, not by a fixed time.
+    pause = max(0.02, 3 * (time.perf_counter() - start))
     a.save(target)
     stop = threading.Event()
     saves: list[int] = []
@@ -348,10 +356,7 @@ def test_concurrent_saves_and_loads_never_mix(two_programs: Any, gl_ctx: Any, tm
             while not stop.is_set():
                 (a, b)[len(saves) % 2].save(target)
                 saves.append(1)
-                # A pause between saves: a reader that takes longer than one save (b has more
-                # shaders to check) would otherwise always find its directory replaced, a clean
-                # error every time but never a read of b.
-                time.sleep(0.02)
+                time.sleep(pause)
         except BaseException as err:  # reported by the main thread
             errors.append(err)
 

@@ -122,7 +122,8 @@ def validate_manifest(
     loop_budget: int = DEFAULT_LOOP_BUDGET,
 ) -> None:
     """Raise GlcompError for anything in a manifest that does not fit the schema; never raises
-    anything else, whatever `m` holds. `shader_names`: the shader files present. The browser
+    anything else, whatever `m` holds. `shader_names`: the shaders present (shader files under
+    shaders/ for versions 1 and 2; from version 3 on, shaders.json's are judged apart). The browser
     runtime's validateManifest accepts and rejects exactly the same manifests.
 
     First the format and version, then the structure (manifest.schema.json: types, names, enums,
