@@ -7,7 +7,7 @@ sub-directory named after it::
     variants.json        {"format": "glcomp-variants", "version": 1, "variants": [
                             {"name": "f32", "storage": "f32", "path": "f32",
                              "requires": {"webgl": 2, "float_textures": true, ...}}, ...]}
-    f32/manifest.json, f32/shaders/..., f32/weights.safetensors
+    f32/manifest.json, f32/shaders.json, f32/weights.safetensors, f32/program.json
     f16/...
     rgba8/...
 

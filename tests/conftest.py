@@ -279,3 +279,29 @@ def train_both(
     assert out.dtype == np.float32
     np.testing.assert_allclose(out, out_ref, rtol=rtol, atol=atol + atol_rel * float(np.abs(out_ref).max()))
     return np.array(got), np.array(want)
+
+
+# -- bundles of an older format ---------------------------------------------------------------------
+def as_format_2(directory: Any) -> Any:
+    """Rewrite the (format 3) bundle in `directory` in place as format 2 wrote bundles: one file
+    per shader under shaders/, ``version`` 2 and a sha256 per shader file in ``files`` (the layout
+    of bundles saved before shaders.json, which loaders must keep reading). Returns `directory`."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    directory = Path(directory)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    shaders = json.loads((directory / "shaders.json").read_text())
+    assert manifest["version"] == 3, manifest["version"]
+    (directory / "shaders.json").unlink()
+    (directory / "shaders").mkdir()
+    files = {k: v for k, v in manifest["files"].items() if k != "shaders.json"}
+    for name, source in shaders.items():
+        data = source.encode("utf-8")
+        (directory / "shaders" / name).write_bytes(data)
+        files[f"shaders/{name}"] = hashlib.sha256(data).hexdigest()
+    manifest["version"] = 2
+    manifest["files"] = dict(sorted(files.items()))
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return directory

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import LastStep
+from conftest import LastStep, as_format_2
 
 import glcomp
 from glcomp import nn, optim
@@ -400,24 +400,41 @@ def test_tampered_bundles_are_rejected(page: Any, site: Site) -> None:
         shutil.copytree(good, d)
         _tamper_weights(good, d, case)
         cases[case] = expect
+    shaders = json.loads((good / "shaders.json").read_text())
     d = site.root / "bad_no-shader"
     shutil.copytree(good, d)
-    (d / "shaders" / "p0.frag").unlink()
-    cases["no-shader"] = "'p0.frag' is missing"
+    (d / "shaders.json").write_text(json.dumps({k: v for k, v in shaders.items() if k != "p0.frag"}))
+    cases["no-shader"] = "bundle shaders.json: shader 'p0.frag' is missing"
     d = site.root / "bad_shader-changed"  # a shader of another save: its sha256 differs
     shutil.copytree(good, d)
+    (d / "shaders.json").write_text(json.dumps(shaders | {"p0.frag": shaders["p0.frag"] + "// changed\n"}))
+    cases["shader-changed"] = "bundle shaders.json: its sha256 does not match"
+    d = site.root / "bad_no-shaders-json"
+    shutil.copytree(good, d)
+    (d / "shaders.json").unlink()
+    cases["no-shaders-json"] = "shaders.json is missing"
+    legacy = as_format_2(shutil.copytree(good, site.root / "legacy"))  # as format 2 saved bundles
+    d = as_format_2(shutil.copytree(good, site.root / "bad_v2-no-shader"))
+    (d / "shaders" / "p0.frag").unlink()
+    cases["v2-no-shader"] = "programs.p0: shader 'p0.frag' is missing"
+    d = as_format_2(shutil.copytree(good, site.root / "bad_v2-shader-changed"))
     with (d / "shaders" / "p0.frag").open("a") as f:
         f.write("// changed\n")
-    cases["shader-changed"] = "shaders/p0.frag: its sha256 does not match"
+    cases["v2-shader-changed"] = "bundle shaders/p0.frag: its sha256 does not match"
     d = site.root / "bad_no-weights"
     shutil.copytree(good, d)
     (d / "weights.safetensors").unlink()
     cases["no-weights"] = "weights.safetensors is missing"
 
-    # glcomp's own loader rejects every one of them too
+    # glcomp's own loader rejects every one of them too, with the same message
+    python = {}
     for case in cases:
-        with pytest.raises(GlcompError):
+        with pytest.raises(GlcompError) as err:
             load_bundle(site.root / f"bad_{case}")
+        python[case] = str(err.value)
+    x = _batches("mlp", seed=5, count=1)[0][0]
+    want = load_bundle(legacy)  # a format 2 bundle loads in Python...
+    assert want.manifest["version"] == 2 and want.shaders == load_bundle(good).shaders
 
     got = _js(
         page,
@@ -428,16 +445,23 @@ def test_tampered_bundles_are_rejected(page: Any, site: Site) -> None:
         catch (err) { out[c] = `${err.name}: ${err.message}`; }
       }
       const ok = await g.Runtime.load('/bundle/good/', { quiet: true });
+      const old = await g.Runtime.load('/bundle/legacy/', { quiet: true });
+      const preds = [];
+      for (const rt of [ok, old]) preds.push(Array.from((await rt.predict({ x: arg.x })).data));
       ok.dispose();
-      return { out, live: { ...window.__glLive } };
+      old.dispose();
+      return { out, preds, live: { ...window.__glLive } };
     """,
-        {"cases": sorted(cases)},
+        {"cases": sorted(cases), "x": x.tolist()},
     )
+    assert got["preds"][0] == got["preds"][1]  # ...and in the browser, the same program
     for case, expect in cases.items():
         msg = got["out"][case]
         assert msg is not None, f"{case}: the browser accepted a tampered bundle"
         assert msg.startswith("GlcompError: "), f"{case}: {msg}"
         assert expect in msg, f"{case}: {msg!r} does not mention {expect!r}"
+        if case not in ("no-weights", "no-shaders-json"):  # Python names the directory there
+            assert msg == f"GlcompError: {python[case]}", case
     assert not any(got["live"].values()), got["live"]  # rejected bundles leave no GL objects behind
 
 
@@ -448,8 +472,10 @@ def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
         "manifest.json": (d / "manifest.json").read_text(),
         "weights.safetensors": base64.b64encode((d / "weights.safetensors").read_bytes()).decode(),
         "program.json": (d / "program.json").read_text(),
+        "shaders.json": (d / "shaders.json").read_text(),
     }
-    shaders = {p.name: p.read_text() for p in (d / "shaders").iterdir()}
+    shaders = json.loads(files["shaders.json"])  # a format 2 bundle's files: one per shader
+    legacy = json.loads((as_format_2(shutil.copytree(d, site.root / "files2")) / "manifest.json").read_text())
     x, y = _batches("mlp", seed=5, count=1)[0]
     bad_feeds = {
         "labels-range": {"x": x.tolist(), "y": [7] * 8},
@@ -464,10 +490,16 @@ def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
         page,
         """
       const bytes = Uint8Array.from(atob(arg.files["weights.safetensors"]), (c) => c.charCodeAt(0));
-      const list = [new File([arg.files["manifest.json"]], "manifest.json"),
-        new File([bytes], "weights.safetensors"), new File([arg.files["program.json"]], "program.json"),
+      const common = [new File([bytes], "weights.safetensors"),
+        new File([arg.files["program.json"]], "program.json")];
+      const list = [new File([arg.files["manifest.json"]], "manifest.json"), ...common,
+        new File([arg.files["shaders.json"]], "shaders.json")];
+      const legacy = [new File([JSON.stringify(arg.legacy)], "manifest.json"), ...common,
         ...Object.entries(arg.shaders).map(([n, s]) => new File([s], n))];
       const rt = await g.Runtime.load(list, { quiet: true });
+      const old = await g.Runtime.load(legacy, { quiet: true });
+      const same = JSON.stringify(Array.from((await old.predict({ x: arg.x })).data));
+      old.dispose();
       const out = {};
       for (const [name, feeds] of Object.entries(arg.bad)) {
         try { await rt.trainStep(feeds); out[name] = null; } catch (err) { out[name] = err.message; }
@@ -475,16 +507,23 @@ def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
       // typed arrays of the right length are accepted as the manifest's shape
       const pred = await rt.predict({ x: Float32Array.from(arg.x.flat()) });
       const loss = await rt.trainStep({ x: arg.x, y: Int32Array.from(arg.y) });
-      let missingShader = null;
-      try {
-        await g.Runtime.load(list.filter((f) => f.name !== "p0.frag"));
-      } catch (err) {
-        missingShader = err.message;
+      const missing = {};
+      for (const [name, files] of [["shaders.json", list], ["p0.frag", legacy]]) {
+        try { await g.Runtime.load(files.filter((f) => f.name !== name)); }
+        catch (err) { missing[name] = err.message; }
       }
       rt.dispose();
-      return { out, pred: Array.from(pred.data), loss, missingShader };
+      const predicted = Array.from(pred.data);
+      return { out, pred: predicted, loss, missing, same: same === JSON.stringify(predicted) };
     """,
-        {"files": files, "shaders": shaders, "bad": bad_feeds, "x": x.tolist(), "y": y.tolist()},
+        {
+            "files": files,
+            "shaders": shaders,
+            "legacy": legacy,
+            "bad": bad_feeds,
+            "x": x.tolist(),
+            "y": y.tolist(),
+        },
     )
     specs = json.loads(files["manifest.json"])["inputs"]
     for name, feeds in bad_feeds.items():
@@ -494,7 +533,11 @@ def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
     ref = _mlp("webgl2").runtime("reference")
     np.testing.assert_allclose(np.reshape(got["pred"], (8, 5)), ref.predict(x=x), rtol=RTOL, atol=ATOL)
     assert np.isfinite(got["loss"])
-    assert "'p0.frag' is missing" in got["missingShader"]
+    assert got["same"]  # the format 2 files predict what the format 3 ones do
+    assert got["missing"] == {
+        "shaders.json": "bundle: shaders.json is missing",
+        "p0.frag": "bundle manifest.json: programs.p0: shader 'p0.frag' is missing",
+    }
 
 
 def test_export_indexeddb_and_set_weights(page: Any, site: Site) -> None:
@@ -799,7 +842,7 @@ def test_server_serves_only_the_bundle_and_the_runtime(tmp_path: Path) -> None:
         status, _, kind = _get(port, "/glcomp.js")
         assert status == 200 and kind.startswith("text/javascript")
         assert _get(port, "/bundle/manifest.json")[0] == 200
-        assert _get(port, "/bundle/shaders/p0.frag")[0] == 200
+        assert _get(port, "/bundle/shaders.json")[0] == 200
         assert _get(port, "/bundle/data.safetensors")[0] == 200
         assert _get(port, "/bundle/manifest.json", "HEAD")[0] == 200
         for path in [

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import as_format_2
 from safetensors.numpy import load_file, save_file
 
 import glcomp
@@ -78,6 +79,17 @@ def fragment_of(m: dict[str, Any], pid: str = "p0") -> str:
     return m["programs"][pid]["fragment"]
 
 
+def read_shaders(directory: Path) -> dict[str, str]:
+    return json.loads((directory / "shaders.json").read_text())
+
+
+def edit_shaders(directory: Path, change: Callable[[dict[str, Any]], Any]) -> None:
+    """Change shaders.json's object (the manifest's sha256 of it is left as it was)."""
+    shaders = read_shaders(directory)
+    change(shaders)
+    (directory / "shaders.json").write_text(json.dumps(shaders))
+
+
 # -- round trip --------------------------------------------------------------------------------------
 def test_saved_bundle_runs_like_the_in_memory_runtime(
     models: dict[str, Any], dialect: str, gl_runtime: Any, tmp_path: Path
@@ -130,7 +142,7 @@ def test_manifest_contents(saved: tuple[Any, glcomp.Program, Path]):
     for key in ("format", "version", "target", "inputs", "textures", "programs", "entries"):
         assert key in m, key
     assert m["format"] == "glcomp-bundle"
-    assert m["version"] == 2
+    assert m["version"] == 3
     assert m["target"]["name"] == "webgl2" and m["target"]["glsl_version"] == "300 es"
     assert {k: v["shape"] for k, v in m["inputs"].items()} == {"x": [6, 5], "y": [6]}
     assert m["inputs"]["y"]["num_classes"] == 3
@@ -139,9 +151,17 @@ def test_manifest_contents(saved: tuple[Any, glcomp.Program, Path]):
     for name, tex in m["textures"].items():
         for side in (tex["width"], tex["height"]):
             assert 1 <= side <= size and side & (side - 1) == 0, (name, tex)
-    for pid, p in m["programs"].items():
-        assert (directory / "shaders" / p["fragment"]).is_file(), pid
-    assert (directory / "shaders" / m["vertex_shader"]).is_file()
+    # One file holds every shader, exactly those the manifest names; no shaders/ folder.
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "manifest.json",
+        "program.json",
+        "shaders.json",
+        "weights.safetensors",
+    ]
+    shaders = read_shaders(directory)
+    assert set(shaders) == {m["vertex_shader"]} | {p["fragment"] for p in m["programs"].values()}
+    assert all(isinstance(source, str) and source.startswith("#version") for source in shaders.values())
+    assert sorted(m["files"]) == ["program.json", "shaders.json", "weights.safetensors"]
     used = {d["program"] for e in m["entries"].values() for d in e["draws"]}
     assert used == set(m["programs"])
     # Weights: every parameter, buffer and optimizer state, with the program's initial values.
@@ -198,17 +218,40 @@ def test_every_test_model_bundle_validates(model_case: Any, dialect: str, tmp_pa
 
 # -- tampering ---------------------------------------------------------------------------------------
 def _remove_shader(d: Path) -> None:
-    (d / "shaders" / fragment_of(read_manifest(d))).unlink()
+    edit_shaders(d, lambda s: s.pop(fragment_of(read_manifest(d))))
 
 
 def _outside_name(name: str) -> Callable[[Path], None]:
     def change(d: Path) -> None:
         target = d.parent / "x.frag"
-        target.write_text((d / "shaders" / fragment_of(read_manifest(d))).read_text())
+        target.write_text(read_shaders(d)[fragment_of(read_manifest(d))])
         path = name.replace("ABS", str(target))
         edit_manifest(d, lambda m: m["programs"]["p0"].update(fragment=path))
 
     return change
+
+
+def _symlink_shaders_file(outside: bool) -> Callable[[Path], None]:
+    def change(d: Path) -> None:
+        target = (d.parent / "evil.json") if outside else (d / "copy.json")
+        shutil.move(d / "shaders.json", target)
+        (d / "shaders.json").symlink_to(target)
+
+    return change
+
+
+def _format_2(change: Callable[[Path], None]) -> Callable[[Path], None]:
+    """`change` applied to the bundle rewritten as format 2 (a file per shader under shaders/)."""
+
+    def apply(d: Path) -> None:
+        load_bundle(as_format_2(d))  # loads before the change
+        change(d)
+
+    return apply
+
+
+def _remove_shader_file(d: Path) -> None:
+    (d / "shaders" / fragment_of(read_manifest(d))).unlink()
 
 
 def _symlink_shader(outside: bool) -> Callable[[Path], None]:
@@ -226,6 +269,18 @@ def _symlink_shader_dir(d: Path) -> None:
     outside = d.parent / "elsewhere"
     shutil.move(d / "shaders", outside)
     (d / "shaders").symlink_to(outside, target_is_directory=True)
+
+
+def _loop_in_shader(d: Path) -> None:
+    name = fragment_of(read_manifest(d))
+    edit_shaders(
+        d, lambda s: s.update({name: s[name].replace("void main() {", "void main() {\nwhile (true) { }")})
+    )
+
+
+def _append_to_shader(d: Path) -> None:
+    name = fragment_of(read_manifest(d))
+    edit_shaders(d, lambda s: s.update({name: s[name] + "// changed\n"}))
 
 
 def _weights(change: Callable[[dict[str, np.ndarray]], Any]) -> Callable[[Path], None]:
@@ -297,10 +352,83 @@ def _nan(w: dict[str, np.ndarray]) -> None:
 
 
 TAMPER: dict[str, tuple[Callable[[Path], None], str]] = {
-    "missing shader file": (_remove_shader, r"shader 'p0\.frag' is missing"),
+    "missing shader": (_remove_shader, r"bundle shaders\.json: shader 'p0\.frag' is missing"),
     "missing vertex shader": (
-        lambda d: (d / "shaders" / "quad.vert").unlink(),
+        lambda d: edit_shaders(d, lambda s: s.pop("quad.vert")),
+        r"bundle shaders\.json: shader 'quad\.vert' is missing \(manifest\.json names it\)",
+    ),
+    "missing shaders.json": (lambda d: (d / "shaders.json").unlink(), r"shaders\.json is missing"),
+    "shaders.json not JSON": (
+        lambda d: (d / "shaders.json").write_text('{"p0.frag": "void main() {}",'),
+        r"bundle shaders\.json: not valid JSON",
+    ),
+    "shaders.json not an object": (
+        lambda d: (d / "shaders.json").write_text(json.dumps(list(read_shaders(d).values()))),
+        r"bundle shaders\.json: must be an object of shader file name -> GLSL source",
+    ),
+    "shader not a string": (
+        lambda d: edit_shaders(d, lambda s: s.update({"p0.frag": ["void main() {}"]})),
+        r"bundle shaders\.json\[p0\.frag\]: must be a string",
+    ),
+    "shader a lone surrogate": (
+        lambda d: (d / "shaders.json").write_text(
+            json.dumps(read_shaders(d) | {"p0.frag": read_shaders(d)["p0.frag"] + "// \ud800\n"})
+        ),
+        r"bundle shaders\.json\[p0\.frag\]: not Unicode text",
+    ),
+    "shader the manifest does not name": (
+        lambda d: edit_shaders(d, lambda s: s.update({"p99999.frag": s["p0.frag"]})),
+        r"bundle shaders\.json: holds shader 'p99999\.frag', which manifest\.json does not name",
+    ),
+    "unsafe shader name": (
+        lambda d: edit_shaders(d, lambda s: s.update({"../x.frag": s["p0.frag"]})),
+        r"bundle shaders\.json: holds shader '\.\./x\.frag', which manifest\.json does not name",
+    ),
+    "shader loops without bound": (_loop_in_shader, r"shaders\.json\[p0\.frag\]: line \d+: while loops"),
+    "shader changed": (
+        _append_to_shader,
+        r"bundle shaders\.json: its sha256 does not match the one manifest\.json records",
+    ),
+    "shaders.json without sha256": (
+        _manifest(lambda m: m["files"].pop("shaders.json")),
+        r"files: no sha256 for shaders\.json",
+    ),
+    "format 3 hashing a shader file": (
+        _manifest(lambda m: m["files"].update({"shaders/p0.frag": "0" * 64})),
+        r"files: shaders/p0\.frag is not a file of format version 3",
+    ),
+    "symlinked shaders.json (outside)": (
+        _symlink_shaders_file(True),
+        r"bundle shaders\.json: 'shaders\.json' is a symbolic link",
+    ),
+    "symlinked shaders.json (inside)": (
+        _symlink_shaders_file(False),
+        r"bundle shaders\.json: 'shaders\.json' is a symbolic link",
+    ),
+    "format 2: missing shader file": (_format_2(_remove_shader_file), r"shader 'p0\.frag' is missing"),
+    "format 2: missing vertex shader": (
+        _format_2(lambda d: (d / "shaders" / "quad.vert").unlink()),
         r"vertex shader 'quad\.vert'",
+    ),
+    "format 2: shader changed": (
+        _format_2(
+            lambda d: (d / "shaders" / "p0.frag").write_text((d / "shaders" / "p0.frag").read_text() + "//")
+        ),
+        r"bundle shaders/p0\.frag: its sha256 does not match",
+    ),
+    "format 2: shader loops without bound": (
+        _format_2(
+            lambda d: (d / "shaders" / "p0.frag").write_text(
+                (d / "shaders" / "p0.frag")
+                .read_text()
+                .replace("void main() {", "void main() {\nwhile (true) { }")
+            )
+        ),
+        r"bundle shaders/p0\.frag: line \d+: while loops",
+    ),
+    "format 2 hashing shaders.json": (
+        _format_2(lambda d: edit_manifest(d, lambda m: m["files"].update({"shaders.json": "0" * 64}))),
+        r"files: shaders\.json is a file of format version 3, not 2",
     ),
     "shader path ../x.frag": (_outside_name("../x.frag"), r"'\.\./x\.frag' is not a plain file name"),
     "absolute shader path": (_outside_name("ABS"), r"shader name '/.* is not a plain file name"),
@@ -308,12 +436,18 @@ TAMPER: dict[str, tuple[Callable[[Path], None], str]] = {
         _manifest(lambda m: m.update(vertex_shader="../../quad.vert")),
         r"'\.\./\.\./quad\.vert' is not a plain file name",
     ),
-    "symlinked shader (outside)": (
-        _symlink_shader(True),
+    "format 2: symlinked shader (outside)": (
+        _format_2(_symlink_shader(True)),
         r"shader 'p0\.frag' (is a symbolic link|lies outside)",
     ),
-    "symlinked shader (inside)": (_symlink_shader(False), r"shader 'p0\.frag' is a symbolic link"),
-    "symlinked shaders folder": (_symlink_shader_dir, r"lies outside the bundle|symbolic link"),
+    "format 2: symlinked shader (inside)": (
+        _format_2(_symlink_shader(False)),
+        r"shader 'p0\.frag' is a symbolic link",
+    ),
+    "format 2: symlinked shaders folder": (
+        _format_2(_symlink_shader_dir),
+        r"lies outside the bundle|symbolic link",
+    ),
     "wrong weight shape": (
         _weights(lambda w: w.update({"0.weight": np.zeros((5, 8), np.float32)})),
         r"'0\.weight' has shape \(5, 8\), expected \(8, 5\)",
@@ -405,6 +539,34 @@ def test_tampered_bundle_is_rejected(fault: str, bundle_dir: Path):
     tamper(bundle_dir)
     with pytest.raises(GlcompError, match=message):
         glcomp.load(str(bundle_dir))
+
+
+def test_format_2_bundles_load_and_save_as_format_3(saved: tuple[Any, glcomp.Program, Path], tmp_path: Path):
+    """Bundles saved before shaders.json (a file per shader under shaders/) load as they did, the
+    same bundle; saving over one writes format 3 and leaves no shaders/ folder behind (a bundle
+    file of the old format, not the user's), while the user's files stay."""
+    directory = saved[2]
+    old = as_format_2(shutil.copytree(directory, tmp_path / "old"))
+    assert (old / "shaders").is_dir() and not (old / "shaders.json").exists()
+    (old / "notes.txt").write_text("mine\n")
+    new, legacy = load_bundle(directory), load_bundle(old)
+    assert legacy.manifest == new.manifest | {"version": 2}
+    assert legacy.shaders == new.shaders
+    assert legacy.program == new.program
+    assert sorted(legacy.weights) == sorted(new.weights)
+    for name, value in new.weights.items():
+        np.testing.assert_array_equal(legacy.weights[name], value, err_msg=name)
+    glcomp.load(old).save(old)
+    assert sorted(p.name for p in old.iterdir()) == [
+        "manifest.json",
+        "notes.txt",
+        "program.json",
+        "shaders.json",
+        "weights.safetensors",
+    ]
+    assert (old / "notes.txt").read_text() == "mine\n"
+    assert load_bundle(old).manifest == new.manifest
+    assert (old / "shaders.json").read_bytes() == (directory / "shaders.json").read_bytes()
 
 
 def test_not_a_directory(tmp_path: Path):

@@ -13,6 +13,7 @@ import base64
 import copy
 import json
 import math
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import as_format_2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_browser import _js, browser, page, site  # noqa: F401  (the Chromium fixtures)
@@ -57,8 +59,18 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _files(d: Path) -> dict[str, bytes]:
     out = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
-    out |= {f"shaders/{p.name}": p.read_bytes() for p in (d / "shaders").iterdir()}
+    if (d / "shaders").is_dir():  # format 1 or 2
+        out |= {f"shaders/{p.name}": p.read_bytes() for p in (d / "shaders").iterdir()}
     return out
+
+
+def _shaders(files: dict[str, bytes]) -> dict[str, str]:
+    return json.loads(files["shaders.json"])
+
+
+def _with_shader(files: dict[str, bytes], name: str, source: str) -> dict[str, bytes]:
+    """`files` with shader `name`'s source in shaders.json replaced by `source`."""
+    return files | {"shaders.json": json.dumps(_shaders(files) | {name: source}).encode()}
 
 
 def _write(files: dict[str, bytes], d: Path, rehash: bool = True) -> Path:
@@ -74,8 +86,9 @@ def _write(files: dict[str, bytes], d: Path, rehash: bool = True) -> Path:
             files = {**files, "manifest.json": json.dumps(m).encode()}
     if d.exists():
         shutil.rmtree(d)
-    (d / "shaders").mkdir(parents=True)
+    d.mkdir(parents=True)
     for path, data in files.items():
+        (d / path).parent.mkdir(exist_ok=True)
         (d / path).write_bytes(data)
     return d
 
@@ -215,8 +228,8 @@ def shader_cases(draw: Any, good: Path) -> dict[str, bytes]:
     files = _files(good)
     m = json.loads(files["manifest.json"])
     prog = draw(st.sampled_from(sorted(m["programs"])))
-    path = f"shaders/{m['programs'][prog]['fragment']}"
-    text = files[path].decode()
+    name = m["programs"][prog]["fragment"]
+    text = _shaders(files)[name]
     cut = text.index("void main()")
     body = text.index("{", cut) + 1
     snippet = draw(st.sampled_from(LOOP_SNIPPETS))
@@ -229,8 +242,11 @@ def shader_cases(draw: Any, good: Path) -> dict[str, bytes]:
     else:
         at = draw(st.integers(0, len(text)))
         text = text[:at] + snippet + text[at:]
-    files[path] = text.encode()
-    return files
+    return _with_shader(files, name, text)
+
+
+def _shaders_json_cases(good: Path) -> st.SearchStrategy[bytes]:
+    return mutated_json(_shaders(_files(good))).map(_dumps)
 
 
 @st.composite
@@ -312,8 +328,19 @@ def test_fuzz_shaders(good: Path, tmp_path: Path) -> None:
         if _loads_or_glcomp_error(d) is None:  # then its loops are within what the manifest declares
             m = json.loads(files["manifest.json"])
             for p in m["programs"].values():
-                bound = shader_loop_bound(files[f"shaders/{p['fragment']}"].decode(), p["fragment"])
+                bound = shader_loop_bound(_shaders(files)[p["fragment"]], p["fragment"])
                 assert bound <= p["loop_iterations"]
+
+    run()
+
+
+def test_fuzz_shaders_json(good: Path, tmp_path: Path) -> None:
+    @FUZZ
+    @given(doc=_shaders_json_cases(good), rehash=st.booleans())
+    def run(doc: bytes, rehash: bool) -> None:
+        files = _files(good) | {"shaders.json": doc}
+        if _loads_or_glcomp_error(_write(files, tmp_path / "b", rehash=rehash)) is None:
+            assert _shaders(files) == _shaders(_files(good))  # only a change that changes nothing loads
 
     run()
 
@@ -486,7 +513,7 @@ def test_shader_loop_bounds() -> None:
 
 def test_compiled_shaders_declare_their_loop_bounds(good: Path) -> None:
     m = json.loads((good / "manifest.json").read_text())
-    bounds = [_py_bound((good / "shaders" / p["fragment"]).read_text()) for p in m["programs"].values()]
+    bounds = [_py_bound(_shaders(_files(good))[p["fragment"]]) for p in m["programs"].values()]
     assert bounds == [p["loop_iterations"] for p in m["programs"].values()]
     assert max(bounds) > 0
 
@@ -495,9 +522,10 @@ def test_loop_budgets(good: Path, tmp_path: Path) -> None:
     m = json.loads((good / "manifest.json").read_text())
     pid, p = max(m["programs"].items(), key=lambda kv: kv[1]["loop_iterations"])
     files = _files(good)
-    infinite = files[f"shaders/{p['fragment']}"].replace(b"void main() {", b"void main() {\nwhile (true) { }")
-    with pytest.raises(GlcompError, match=rf"shaders/{p['fragment']}: line \d+: while loops are not allowed"):
-        glcomp.load(_write(files | {f"shaders/{p['fragment']}": infinite}, tmp_path / "inf"))
+    infinite = _shaders(files)[p["fragment"]].replace("void main() {", "void main() {\nwhile (true) { }")
+    where = re.escape(f"shaders.json[{p['fragment']}]")
+    with pytest.raises(GlcompError, match=rf"bundle {where}: line \d+: while loops are not allowed"):
+        glcomp.load(_write(_with_shader(files, p["fragment"], infinite), tmp_path / "inf"))
 
     def understate(m: dict[str, Any]) -> None:
         m["programs"][pid]["loop_iterations"] -= 1
@@ -545,9 +573,12 @@ def test_browser_loader_agrees_with_python(page: Any, good: Path, tmp_path: Path
     @settings(FUZZ, max_examples=EXAMPLES * 2)
     @given(data=st.data())
     def collect(data: Any) -> None:
-        kind = data.draw(st.sampled_from(["manifest", "manifest", "weights", "shader"]))
+        kind = data.draw(st.sampled_from(["manifest", "manifest", "weights", "shader", "shaders.json"]))
         if kind == "manifest":
             files = _files(good) | {"manifest.json": data.draw(_manifest_cases(good))}
+        elif kind == "shaders.json":
+            files = _files(good) | {"shaders.json": data.draw(_shaders_json_cases(good))}
+            files = _write(files, tmp_path / "j") and _files(tmp_path / "j")
         elif kind == "weights":
             files = _write(data.draw(weights_cases(good)), tmp_path / "w") and _files(tmp_path / "w")
         else:
@@ -572,6 +603,87 @@ def test_browser_loader_agrees_with_python(page: Any, good: Path, tmp_path: Path
     assert sum(py is None for py in python) < len(python) - 1  # the corpus holds rejected bundles
 
 
+JS_LOAD_FILES = """
+const dec = (b64) => Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
+const out = {};
+for (const [name, files] of Object.entries(arg)) {
+  const given = Object.fromEntries(Object.entries(files).map(([k, v]) => [k, dec(v)]));
+  try { await g.loadBundle(given); out[name] = null; }
+  catch (err) { out[name] = `${err.name}: ${err.message}`; }
+}
+return out;
+"""
+
+
+def _shaders_json_faults(good: Path, tmp_path: Path) -> dict[str, dict[str, bytes]]:
+    """Bundles whose shaders.json is at fault one way each (the manifest's sha256 of it brought
+    up to date where the content is at fault), and format 2 bundles, good and tampered."""
+    files = _files(good)
+    shaders = _shaders(files)
+    frag = json.loads(files["manifest.json"])["programs"]["p0"]["fragment"]
+
+    def rehashed(doc: bytes) -> dict[str, bytes]:
+        return _files(_write(files | {"shaders.json": doc}, tmp_path / "rehashed"))
+
+    def packed(doc: Any) -> dict[str, bytes]:
+        return rehashed(json.dumps(doc).encode())
+
+    legacy = _files(as_format_2(_write(files, tmp_path / "legacy")))
+    changed = legacy[f"shaders/{frag}"] + b"// changed\n"
+    return {
+        "missing": {k: v for k, v in files.items() if k != "shaders.json"},
+        "not JSON": rehashed(b'{"p0.frag": '),
+        "not an object": packed(sorted(shaders.values())),
+        "a number": packed(shaders | {frag: 1}),
+        "null": packed(shaders | {frag: None}),
+        "a list": packed(shaders | {frag: [shaders[frag]]}),
+        "lone surrogate": packed(shaders | {frag: shaders[frag] + "// \ud800\n"}),
+        "unknown name": packed(shaders | {"p99999.frag": shaders[frag]}),
+        "unsafe name": packed(shaders | {"../x.frag": shaders[frag]}),
+        "names sorted by code point": packed(shaders | {"\U0001f600.frag": "", "\uff5e.frag": ""}),
+        "missing fragment": packed({k: v for k, v in shaders.items() if k != frag}),
+        "missing vertex shader": packed({k: v for k, v in shaders.items() if k != "quad.vert"}),
+        "unbounded loop": packed(
+            shaders | {frag: shaders[frag].replace("void main() {", "void main() { while (true) { }")}
+        ),
+        "sha256": files | {"shaders.json": json.dumps(shaders, indent=2).encode()},
+        "format 2": legacy,
+        "format 2, a shader changed": legacy | {f"shaders/{frag}": changed},
+    }
+
+
+def test_browser_refuses_shaders_json_faults_like_python(page: Any, good: Path, tmp_path: Path) -> None:  # noqa: F811
+    cases = _shaders_json_faults(good, tmp_path)
+    python = {name: _py_outcome(files, tmp_path / "b") for name, files in cases.items()}
+    b64 = lambda data: base64.b64encode(data).decode()
+    js = _js(page, JS_LOAD_FILES, {n: {k: b64(v) for k, v in f.items()} for n, f in cases.items()})
+    frag = json.loads(cases["format 2"]["manifest.json"])["programs"]["p0"]["fragment"]
+    assert python["format 2"] is None and js["format 2"] is None  # the old layout still loads
+    want = {
+        "missing": "shaders.json is missing",
+        "not JSON": "bundle shaders.json: not valid JSON",
+        "not an object": "bundle shaders.json: must be an object of shader file name -> GLSL source",
+        "a number": f"bundle shaders.json[{frag}]: must be a string (the shader's GLSL source)",
+        "null": f"bundle shaders.json[{frag}]: must be a string",
+        "a list": f"bundle shaders.json[{frag}]: must be a string",
+        "lone surrogate": f"bundle shaders.json[{frag}]: not Unicode text (a lone surrogate)",
+        "unknown name": "bundle shaders.json: holds shader 'p99999.frag', which manifest.json does not name",
+        "unsafe name": "bundle shaders.json: holds shader '../x.frag', which manifest.json does not name",
+        "names sorted by code point": "bundle shaders.json: holds shader '\uff5e.frag', which manifest",
+        "missing fragment": f"bundle shaders.json: shader '{frag}' is missing (manifest.json names it)",
+        "missing vertex shader": "bundle shaders.json: shader 'quad.vert' is missing (manifest.json names",
+        "unbounded loop": f"bundle shaders.json[{frag}]: line ",
+        "sha256": "bundle shaders.json: its sha256 does not match the one manifest.json records",
+        "format 2, a shader changed": f"bundle shaders/{frag}: its sha256 does not match",
+    }
+    for name, expect in want.items():
+        assert python[name] is not None and expect in python[name], (name, python[name])
+        # Python names the directory of a missing file, and JSON parsers word their errors apart.
+        loose = name in ("missing", "not JSON")
+        same = js[name] == f"GlcompError: {python[name]}"
+        assert same or (loose and expect in js[name]), (name, python[name], js[name])
+
+
 JS_BOUNDS = """
 const out = {};
 for (const [name, src] of Object.entries(arg)) {
@@ -584,7 +696,7 @@ return out;
 
 def test_browser_shader_loop_bounds(page: Any, good: Path) -> None:  # noqa: F811
     sources = {name: src for name, (src, _) in SHADERS.items()}
-    sources |= {f"compiled {p.name}": p.read_text() for p in (good / "shaders").iterdir()}
+    sources |= {f"compiled {name}": src for name, src in _shaders(_files(good)).items()}
     assert _js(page, JS_BOUNDS, sources) == {name: _py_bound(src) for name, src in sources.items()}
 
 

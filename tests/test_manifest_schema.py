@@ -223,7 +223,16 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
 REQUIRED = ["format", "version", "target", "inputs", "hyper", "states", "counters", "textures"]
 REQUIRED += ["vertex_shader", "programs", "entries", "memory"]
 
+
 # name -> (tampering, whether the result is a valid manifest)
+def _as_format_2(m: dict[str, Any]) -> None:
+    """The manifest as format 2 writes it: a sha256 per shader file under shaders/."""
+    m["version"] = 2
+    digest = m["files"].pop("shaders.json")
+    names = {m["vertex_shader"]} | {p["fragment"] for p in m["programs"].values()}
+    m["files"].update({f"shaders/{n}": digest for n in sorted(names)})
+
+
 CORPUS: dict[str, tuple[Callable[[dict[str, Any]], None], bool]] = {
     "unchanged": (lambda m: None, True),
     # roles, formats, versions
@@ -231,11 +240,11 @@ CORPUS: dict[str, tuple[Callable[[dict[str, Any]], None], bool]] = {
     "role not a string": (_set("states.*.role", 1), False),
     "role missing": (_drop("states.*.role"), False),
     "format other": (_set("format", "tensorflowjs"), False),
-    "version 3": (_set("version", 3), False),
+    "version 4": (_set("version", 4), False),
     "version as a string": (_set("version", "2"), False),
     "version true": (_set("version", True), False),
     "version 1 without files": (lambda m: m.update(version=1) or m.pop("files"), True),
-    "version 2 without files": (_drop("files"), False),
+    "version 3 without files": (_drop("files"), False),
     # missing and extra keys
     **{f"missing {k}": (_drop(k), False) for k in REQUIRED},
     "no passes (optional)": (_drop("passes"), True),
@@ -408,8 +417,18 @@ CORPUS: dict[str, tuple[Callable[[dict[str, Any]], None], bool]] = {
         ),
         False,
     ),
-    "files lacks a shader": (
-        lambda m: m["files"].pop(next(k for k in m["files"] if k.startswith("shaders/"))),
+    "files lacks shaders.json": (lambda m: m["files"].pop("shaders.json"), False),
+    "files hashes a shader file (format 3)": (
+        lambda m: m["files"].update({f"shaders/{m['vertex_shader']}": "0" * 64}),
+        False,
+    ),
+    "format 2 with a sha256 per shader": (_as_format_2, True),
+    "format 2 lacks a shader's sha256": (
+        lambda m: _as_format_2(m) or m["files"].pop(f"shaders/{m['vertex_shader']}"),
+        False,
+    ),
+    "format 2 hashing shaders.json": (
+        lambda m: _as_format_2(m) or m["files"].update({"shaders.json": "0" * 64}),
         False,
     ),
     # formats

@@ -1,4 +1,6 @@
-"""Bundles: a compiled program as data (manifest.json, shaders/*.glsl, weights.safetensors).
+"""Bundles: a compiled program as data: manifest.json, shaders.json (every shader: an object of
+shader file name -> GLSL source), weights.safetensors and program.json (format version 3; versions
+1 and 2, still loaded, kept each shader in a file of its own under shaders/).
 
 `build_bundle` lowers each entry point of a Program (layout, kernel plan, GLSL, memory plan,
 schedule); `Bundle.save` writes it and `load_bundle` reads one back, validating it against the
@@ -24,7 +26,7 @@ from glcomp.codegen.pipeline import check_pass_name, run_pipeline
 from glcomp.codegen.programs import merge_origins
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.render_cache import Lowered, RenderCache
-from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound
+from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound, shader_path
 from glcomp.codegen.target import Target
 from glcomp.codegen.tiled import render_tiled
 from glcomp.errors import GlcompError
@@ -32,13 +34,13 @@ from glcomp.ir.gcpause import gc_paused
 from glcomp.program import ENTRY_POINTS, Program
 
 FORMAT = "glcomp-bundle"
-VERSION = 2
+VERSION = 3
 
 
 @dataclass
 class Bundle:
     manifest: dict[str, Any]
-    shaders: dict[str, str]  # file name under shaders/ -> source
+    shaders: dict[str, str]  # shader file name (a key of shaders.json) -> source
     weights: dict[str, np.ndarray]
     # program.json: the IR graphs and what `glcomp.load` needs to rebuild the Program (plain
     # JSON data, see Program.to_json); None for bundles built by hand.
@@ -321,7 +323,7 @@ def _draws(
                 "outputs": len(targets),
                 # An upper bound of the loop iterations per fragment, by the analysis loaders
                 # check shaders with (they refuse a shader whose loops may run longer).
-                "loop_iterations": shader_loop_bound(source, f"shaders/{pid}.frag"),
+                "loop_iterations": shader_loop_bound(source, shader_path(VERSION, f"{pid}.frag")),
             }
         pid = by_source[digest]
         for page in range(out.pages):

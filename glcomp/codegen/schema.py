@@ -3,14 +3,15 @@
 A bundle is untrusted data. Reading checks the format and version, that every file named lies
 inside the bundle directory (no symbolic link inside a bundle is ever followed), that every
 texture, program, sampler and state reference resolves, that layouts are self-consistent, that
-the weights match the declared state shapes and dtypes, and (format 2) that every file has the
-sha256 the manifest records. It bounds what a bundle may ask of the GPU before anything is
-allocated: the textures' total size (a budget, 2 GiB by default), no texture unused, and every
-shader loop of the compiler's constant-bounded form, with the iterations per draw within a
-budget. Any fault raises GlcompError naming the file and the field at fault, and nothing else
-(JSON nesting, sizes and counts are bounded too). glcomp.js's loader accepts and rejects the same
-bundles. The manifest itself is validated by glcomp.format (its JSON Schema and cross-checks),
-whose names this module re-exports.
+the weights match the declared state shapes and dtypes, and (format 2 on) that every file has the
+sha256 the manifest records. Format 3 keeps every shader in one file, shaders.json (an object of
+shader file name -> GLSL source); formats 1 and 2, still read, have one file each under shaders/.
+It bounds what a bundle may ask of the GPU before anything is allocated: the textures' total size
+(a budget, 2 GiB by default), no texture unused, and every shader loop of the compiler's
+constant-bounded form, with the iterations per draw within a budget. Any fault raises GlcompError
+naming the file and the field at fault, and nothing else (JSON nesting, sizes and counts are
+bounded too). glcomp.js's loader accepts and rejects the same bundles. The manifest itself is
+validated by glcomp.format (its JSON Schema and cross-checks), whose names this module re-exports.
 program.json (the IR graphs) is read here as JSON and checked by `Program.from_bundle`.
 """
 
@@ -41,8 +42,11 @@ from glcomp.format.manifest import (  # noqa: F401  (the format's names, as this
     DEFAULT_TEXTURE_BUDGET,
     FORMAT,
     PROGRAM_FILE,
+    SHADERS_FILE,
     TEXEL_BYTES,
     VERSIONS,
+    packed_shaders,
+    shader_path,
     texel_bytes,
     texture_bytes,
     texture_format,
@@ -53,7 +57,9 @@ FILES = ("manifest.json", "weights.safetensors")
 _SHADER = re.compile(r"[A-Za-z0-9_]{1,64}\.(frag|vert)")
 
 
-BUNDLE_ENTRIES = ("manifest.json", "weights.safetensors", PROGRAM_FILE, "shaders")
+# What a save replaces in a bundle directory: the files of format 3, and the shaders/ folder of
+# formats 1 and 2 (a save over an old bundle must not leave it behind).
+BUNDLE_ENTRIES = ("manifest.json", "weights.safetensors", PROGRAM_FILE, SHADERS_FILE, "shaders")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
 _ACTIVE: set[str] = set()  # temporaries of saves running in this process
 _ACTIVE_LOCK = threading.Lock()
@@ -64,15 +70,20 @@ def sha256(data: bytes) -> str:
 
 
 def bundle_files(bundle: Any) -> dict[str, bytes]:
-    """The files of `bundle` as bytes (shaders, weights, program, then the manifest, which
-    records the sha256 of every other file under ``files``)."""
+    """The files of `bundle` as bytes, format 3 (its manifest's ``version`` is set to 3):
+    shaders.json (every shader, keys sorted), weights, program, then the manifest, which records
+    the sha256 of every other file under ``files``. Bundle directories hold no sub-folder."""
     from safetensors.numpy import save
 
     files: dict[str, bytes] = {}
     for name, source in bundle.shaders.items():
         if not _SHADER.fullmatch(name):
             raise GlcompError(f"refusing to write shader with unsafe name {name!r}")
-        files[f"shaders/{name}"] = source.encode("utf-8")
+        if not isinstance(source, str) or not _unicode_ok(source):
+            raise GlcompError(f"refusing to write shader {name!r}: its source is not Unicode text")
+    files[SHADERS_FILE] = json.dumps(
+        dict(sorted(bundle.shaders.items())), indent=1, ensure_ascii=False
+    ).encode("utf-8")
     for name in bundle.weights:
         if not state_name_ok(name):
             raise GlcompError(f"refusing to write weight with an unprintable name {name!r}")
@@ -83,6 +94,7 @@ def bundle_files(bundle: Any) -> dict[str, bytes]:
         # Key order kept: it is the order of graph outputs and of the state.
         files[PROGRAM_FILE] = json.dumps(bundle.program, allow_nan=False).encode("utf-8")
     manifest = dict(bundle.manifest)
+    manifest["version"] = 3
     manifest["files"] = {path: sha256(data) for path, data in sorted(files.items())}
     files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
     return files
@@ -157,20 +169,15 @@ def _write_new(directory_fd: int, name: str, data: bytes) -> None:
 
 
 def _write_tree(root: Path, files: dict[str, bytes]) -> None:
-    """Write `files` (relative paths, at most one folder deep) into the fresh directory `root`,
-    creating every file exclusively (O_EXCL, no symbolic link followed). The manifest goes last."""
+    """Write `files` (plain file names) into the fresh directory `root`, creating every file
+    exclusively (O_EXCL, no symbolic link followed). The manifest goes last."""
     order = sorted(files, key=lambda p: (p == "manifest.json", p))
     dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0))
     try:
-        os.mkdir("shaders", 0o755, dir_fd=dfd)
-        sfd = os.open("shaders", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
-        try:
-            for path in order:
-                folder, _, base = path.rpartition("/")
-                _write_new(sfd if folder else dfd, base, files[path])
-            os.fsync(sfd)
-        finally:
-            os.close(sfd)
+        for name in order:
+            if "/" in name:
+                raise GlcompError(f"refusing to write bundle file {name!r}: not a plain file name")
+            _write_new(dfd, name, files[name])
         os.fsync(dfd)
     finally:
         os.close(dfd)
@@ -184,8 +191,10 @@ def write_bundle(bundle: Any, directory: Path) -> Path:
     fails or is interrupted leaves the previous bundle intact and loadable, and a reader never
     sees a mix of two saves (the manifest's sha256 of each file catches any that would). Files in
     the old bundle directory that are not bundle files (say ``data.safetensors``) are copied
-    over. Nothing is written through a symbolic link. Temporaries are removed on failure, and
-    stale ones of interrupted saves on the next save. Refuses a non-empty non-bundle directory.
+    over; bundle files of another format are not (a ``shaders/`` folder of format 1 or 2 is gone
+    after a save, which writes format 3). Nothing is written through a symbolic link.
+    Temporaries are removed on failure, and stale ones of interrupted saves on the next save.
+    Refuses a non-empty non-bundle directory.
     """
     directory = Path(os.path.abspath(directory))
     check_save_target(directory)
@@ -414,15 +423,18 @@ def shader_loop_bound(source: str, where: str) -> int:
 def check_shaders(manifest: dict[str, Any], shaders: dict[str, str]) -> None:
     """Check every shader's loops (see `shader_loop_bound`) against the validated `manifest`:
     the vertex shader runs no loop, and each program's fragment shader at most the
-    ``loop_iterations`` its program declares (per fragment)."""
+    ``loop_iterations`` its program declares (per fragment). Errors name a shader as
+    `shader_path` does for the manifest's format version."""
+    version = manifest["version"]
     vert = manifest["vertex_shader"]
-    if shader_loop_bound(shaders[vert], f"shaders/{vert}") != 0:
-        raise GlcompError(f"bundle shaders/{vert}: the vertex shader must not loop")
+    if shader_loop_bound(shaders[vert], shader_path(version, vert)) != 0:
+        raise GlcompError(f"bundle {shader_path(version, vert)}: the vertex shader must not loop")
     for pid, prog in manifest["programs"].items():
-        bound = shader_loop_bound(shaders[prog["fragment"]], f"shaders/{prog['fragment']}")
+        where = shader_path(version, prog["fragment"])
+        bound = shader_loop_bound(shaders[prog["fragment"]], where)
         if bound > prog["loop_iterations"]:
             raise GlcompError(
-                f"bundle shaders/{prog['fragment']}: its loops may run {bound} iterations per fragment, "
+                f"bundle {where}: its loops may run {bound} iterations per fragment, "
                 f"more than the {prog['loop_iterations']} manifest.json declares for program {pid}"
             )
 
@@ -656,18 +668,31 @@ def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
                 raise GlcompError(
                     f"bundle manifest.json: shader name {_short(name)} is not a plain file name"
                 )
-        for name in dict.fromkeys(wanted):
-            data = reader.read(f"shaders/{name}")
-            if data is not None:
-                raw[f"shaders/{name}"] = data
-                names.add(name)
+        if packed_shaders(manifest.get("version")):
+            data = reader.read(SHADERS_FILE)
+            if data is None:
+                raise GlcompError(f"bundle {directory}: {SHADERS_FILE} is missing")
+            raw[SHADERS_FILE] = data
+            names = set(wanted)  # shaders.json is judged once the manifest is known to be valid
+        else:
+            for name in dict.fromkeys(wanted):
+                data = reader.read(f"shaders/{name}")
+                if data is not None:
+                    raw[f"shaders/{name}"] = data
+                    names.add(name)
     validate_manifest(manifest, names, texture_budget_bytes=texture_budget_bytes, loop_budget=loop_budget)
-    shaders = {}
-    for n in names:
-        try:
-            shaders[n] = raw[f"shaders/{n}"].decode("utf-8")
-        except UnicodeDecodeError:
-            raise GlcompError(f"bundle shaders/{n}: not UTF-8 text") from None
+    if packed_shaders(manifest["version"]):
+        vertex = [manifest["vertex_shader"]]
+        shaders = unpack_shaders(
+            raw[SHADERS_FILE], vertex + [p["fragment"] for p in manifest["programs"].values()]
+        )
+    else:
+        shaders = {}
+        for n in names:
+            try:
+                shaders[n] = raw[f"shaders/{n}"].decode("utf-8")
+            except UnicodeDecodeError:
+                raise GlcompError(f"bundle shaders/{n}: not UTF-8 text") from None
     check_shaders(manifest, shaders)
     weights = parse_safetensors(raw["weights.safetensors"])
     expected = {k: tuple(v["layout"]["shape"]) for k, v in manifest["states"].items()}
@@ -709,6 +734,43 @@ def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
             if not isinstance(program, dict):
                 raise GlcompError(f"bundle {PROGRAM_FILE}: must be an object")
     return Bundle(manifest, shaders, weights, program)
+
+
+def _unicode_ok(text: str) -> bool:
+    """Whether `text` is Unicode text (no lone surrogate, which JSON's \\u escapes can spell)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unpack_shaders(data: bytes, wanted: list[str]) -> dict[str, str]:
+    """The shaders of a shaders.json file's bytes (format 3): a JSON object of exactly the shader
+    file names `wanted` (the manifest's vertex shader and fragments, already checked to be plain
+    file names) -> GLSL source (strings of Unicode text). Any other name, or a name missing, or
+    a value not a string: GlcompError naming shaders.json and the shader. The browser runtime's
+    unpackShaders refuses the same files with the same messages."""
+    packed = parse_json(data, SHADERS_FILE)
+    if not isinstance(packed, dict):
+        raise GlcompError(f"bundle {SHADERS_FILE}: must be an object of shader file name -> GLSL source")
+    known = set(wanted)
+    extra = sorted(name for name in packed if name not in known)
+    if extra:
+        raise GlcompError(
+            f"bundle {SHADERS_FILE}: holds shader {_short(extra[0])}, which manifest.json does not name"
+        )
+    shaders: dict[str, str] = {}
+    for name in dict.fromkeys(wanted):
+        if name not in packed:
+            raise GlcompError(f"bundle {SHADERS_FILE}: shader {name!r} is missing (manifest.json names it)")
+        source = packed[name]
+        if not isinstance(source, str):
+            raise GlcompError(f"bundle {shader_path(3, name)}: must be a string (the shader's GLSL source)")
+        if not _unicode_ok(source):
+            raise GlcompError(f"bundle {shader_path(3, name)}: not Unicode text (a lone surrogate)")
+        shaders[name] = source
+    return shaders
 
 
 def _no_constant(name: str) -> Any:

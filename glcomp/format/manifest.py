@@ -23,7 +23,9 @@ from glcomp.format.jsonschema import Validator, short
 
 SCHEMA_FILE = "manifest.schema.json"
 FORMAT = "glcomp-bundle"
-VERSIONS = (1, 2)  # 2 adds `files` (sha256 of each file) and program.json
+# 2 adds `files` (sha256 of each file) and program.json; 3 keeps every shader in one file,
+# shaders.json ({shader file name: GLSL source}), where 1 and 2 have one file each under shaders/.
+VERSIONS = (1, 2, 3)
 MAX_SIDE = 1 << 16
 # Texel formats a texture record may name in "format" (absent: "f32"), and their sizes in bytes.
 # "rgba8": each logical texel (4 floats) is 4 RGBA8 texels side by side, each holding one
@@ -35,6 +37,18 @@ DEFAULT_TEXTURE_BUDGET = 2 << 30  # bytes of textures a bundle may declare (2 Gi
 DEFAULT_LOOP_BUDGET = 1 << 32  # loop iterations one draw may run (bound per fragment x fragments)
 WEIGHTS_FILE = "weights.safetensors"
 PROGRAM_FILE = "program.json"
+SHADERS_FILE = "shaders.json"
+
+
+def shader_path(version: Any, name: str) -> str:
+    """Where the shader `name` of a bundle of format `version` is, as errors name it:
+    ``shaders.json[name]`` from version 3 on, the file ``shaders/name`` before."""
+    return f"{SHADERS_FILE}[{name}]" if packed_shaders(version) else f"shaders/{name}"
+
+
+def packed_shaders(version: Any) -> bool:
+    """Whether a bundle of format `version` keeps its shaders in shaders.json (version 3 on)."""
+    return type(version) is int and version >= 3
 
 
 @cache
@@ -108,7 +122,8 @@ def validate_manifest(
     loop_budget: int = DEFAULT_LOOP_BUDGET,
 ) -> None:
     """Raise GlcompError for anything in a manifest that does not fit the schema; never raises
-    anything else, whatever `m` holds. `shader_names`: the shader files present. The browser
+    anything else, whatever `m` holds. `shader_names`: the shaders present (shader files under
+    shaders/ for versions 1 and 2; from version 3 on, shaders.json's are judged apart). The browser
     runtime's validateManifest accepts and rejects exactly the same manifests.
 
     First the format and version, then the structure (manifest.schema.json: types, names, enums,
@@ -289,9 +304,23 @@ def _cross_check(
     c.need(not unused, f"textures {short(unused)} are used by no state, input, output or draw")
     if m["version"] >= 2 or "files" in m:
         c.need("files" in m, "files must be an object of sha256 digests (format version 2 has one per file)")
-        shaders = {m["vertex_shader"]} | {p["fragment"] for p in programs.values()}
-        for path in [WEIGHTS_FILE] + [f"shaders/{n}" for n in sorted(shaders)]:
-            c.need(path in m["files"], f"files: no sha256 for {path}")
+        files = m["files"]
+        if packed_shaders(m["version"]):
+            paths = [WEIGHTS_FILE, SHADERS_FILE]
+            for path in sorted(files):
+                c.need(
+                    not path.startswith("shaders/"),
+                    f"files: {path} is not a file of format version 3 ({SHADERS_FILE} holds every shader)",
+                )
+        else:
+            shaders = {m["vertex_shader"]} | {p["fragment"] for p in programs.values()}
+            paths = [WEIGHTS_FILE] + [f"shaders/{n}" for n in sorted(shaders)]
+            c.need(
+                SHADERS_FILE not in files,
+                f"files: {SHADERS_FILE} is a file of format version 3, not {m['version']}",
+            )
+        for path in paths:
+            c.need(path in files, f"files: no sha256 for {path}")
 
 
 def js_module() -> str:

@@ -1,4 +1,4 @@
-// glcomp browser runtime: loads a glcomp bundle (manifest.json, shaders/, weights.safetensors),
+// glcomp browser runtime: loads a glcomp bundle (manifest.json, shaders.json, weights.safetensors),
 // validates it as strictly as glcomp/codegen/schema.py and runs its entry points with WebGL
 // exactly like glcomp/runtime/gl.py does with moderngl. No dependencies; an ES module.
 //
@@ -14,10 +14,11 @@
 
 export { GlcompError, nextTask } from "./util.js";
 export {
-  DEFAULT_LOOP_BUDGET, DEFAULT_TEXTURE_BUDGET, EXACT_FORMATS, FORMAT, MAX_SIDE, TEXEL_BYTES, VERSIONS, checkShaders,
-  shaderLoopBound, texelSpan, textureFormat, validateManifest,
+  DEFAULT_LOOP_BUDGET, DEFAULT_TEXTURE_BUDGET, EXACT_FORMATS, FORMAT, MAX_SIDE, SHADERS_FILE, TEXEL_BYTES, VERSIONS,
+  checkShaders, shaderLoopBound, shaderPath, texelSpan, textureFormat, validateManifest,
 } from "./manifest.js";
 export {
-  checkFeeds, checkInput, downloadBytes, loadBundle, pack, parseJson, parseSafetensors, sha256, sha256Sync, unpack, writeSafetensors,
+  checkFeeds, checkInput, downloadBytes, loadBundle, pack, parseJson, parseSafetensors, sha256, sha256Sync, unpack, unpackShaders,
+  writeSafetensors,
 } from "./io.js";
 export { PRESETS, Runtime } from "./runtime.js";

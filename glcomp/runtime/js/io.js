@@ -1,7 +1,8 @@
 // Bundle I/O for the browser runtime: strict JSON and safetensors parsing, sha256, packing
 // tensors into texture pages and back, checking inputs, and loading a bundle (from URLs or
 // files) with the same checks as glcomp/codegen/schema.py read_bundle.
-import { checkShaders, validateManifest } from "./manifest.js";
+import { SHADERS_FILE, checkShaders, packedShaders, shaderPath, validateManifest } from "./manifest.js";
+import { short } from "./schema.js";
 import { GlcompError, fmtList, fmtShape, isInt, isObj, prod, repr, sameList, sortedKeys } from "./util.js";
 
 const PROGRAM_FILE = "program.json";
@@ -322,14 +323,17 @@ async function readAsBuffer(v) {
 }
 
 /** Files given directly: {"manifest.json": File|ArrayBuffer|string|object, "weights.safetensors":
- *  ..., "shaders/p0.frag": ...} or an array / FileList of File objects (a picked bundle folder). */
+ *  ..., "shaders.json": ...} (format 3; "shaders/p0.frag": ... for formats 1 and 2) or an array /
+ *  FileList of File objects (a picked bundle folder). */
 function fileMap(source) {
   const map = new Map();
   const add = (path, value) => {
     const parts = String(path).split(/[\\/]/).filter((p) => p);
     const base = parts[parts.length - 1];
     if (!base) return;
-    if (base === "manifest.json" || base === "weights.safetensors" || base === PROGRAM_FILE) map.set(base, value);
+    if (base === "manifest.json" || base === "weights.safetensors" || base === PROGRAM_FILE || base === SHADERS_FILE) {
+      map.set(base, value);
+    }
     else if (SHADER_RE.test(base) && (parts.length === 1 || parts[parts.length - 2] === "shaders")) map.set(`shaders/${base}`, value);
   };
   const isList = Array.isArray(source) || (typeof FileList !== "undefined" && source instanceof FileList);
@@ -339,6 +343,41 @@ function fileMap(source) {
     for (const [k, v] of Object.entries(source)) add(k, v);
   }
   return map;
+}
+
+// Orders strings by code points, as Python's sorted() does (a plain sort compares UTF-16 units).
+const byCodePoints = (a, b) => {
+  const x = Array.from(a, (ch) => ch.codePointAt(0));
+  const y = Array.from(b, (ch) => ch.codePointAt(0));
+  for (let i = 0; i < x.length && i < y.length; i++) if (x[i] !== y[i]) return x[i] - y[i];
+  return x.length - y.length;
+};
+
+/** The shaders of a shaders.json file's bytes (format 3), as schema.py unpack_shaders: a JSON
+ *  object of exactly the shader file names `wanted` (plain file names, checked before) -> GLSL
+ *  source strings of Unicode text; GlcompError naming shaders.json and the shader otherwise, with
+ *  Python's messages. */
+export function unpackShaders(bytes, wanted) {
+  const packed = parseJson(bytes, SHADERS_FILE);
+  if (!isObj(packed)) throw new GlcompError(`bundle ${SHADERS_FILE}: must be an object of shader file name -> GLSL source`);
+  const known = new Set(wanted);
+  const extra = Object.keys(packed).filter((name) => !known.has(name)).sort(byCodePoints);
+  if (extra.length) {
+    throw new GlcompError(`bundle ${SHADERS_FILE}: holds shader ${short(extra[0])}, which manifest.json does not name`);
+  }
+  const out = {};
+  for (const name of known) {
+    if (!Object.hasOwn(packed, name)) {
+      throw new GlcompError(`bundle ${SHADERS_FILE}: shader '${name}' is missing (manifest.json names it)`);
+    }
+    const source = packed[name];
+    if (typeof source !== "string") {
+      throw new GlcompError(`bundle ${shaderPath(3, name)}: must be a string (the shader's GLSL source)`);
+    }
+    if (/\p{Cs}/u.test(source)) throw new GlcompError(`bundle ${shaderPath(3, name)}: not Unicode text (a lone surrogate)`);
+    out[name] = source;
+  }
+  return out;
 }
 
 /** Fetch `url` (`what` names it in errors) from one of `origins` (null: any); null for a missing
@@ -381,6 +420,7 @@ export async function loadBundle(source, options = {}) {
   let weightsBuf;
   const shaders = {};
   let getShader;
+  let packedBuf;
   let programBuf;
   if (typeof source === "string" || (typeof URL !== "undefined" && source instanceof URL)) {
     const here = typeof location !== "undefined" ? location.href : undefined;
@@ -397,6 +437,7 @@ export async function loadBundle(source, options = {}) {
       const res = await fetchFile(new URL(`shaders/${name}`, base), `shaders/${name}`, true, origins);
       return res ? decodeUtf8(await res.arrayBuffer(), `shaders/${name}`) : null;
     };
+    packedBuf = async () => (await fetchFile(new URL(SHADERS_FILE, base), SHADERS_FILE, false, origins)).arrayBuffer();
     weightsBuf = async () => (await fetchFile(new URL("weights.safetensors", base), "weights.safetensors", false, origins))
       .arrayBuffer();
     programBuf = async () => {
@@ -412,12 +453,17 @@ export async function loadBundle(source, options = {}) {
     manifestBytes = isObj(mv) && !(typeof Blob !== "undefined" && mv instanceof Blob)
       ? new TextEncoder().encode(JSON.stringify(mv)) : await readAsBuffer(mv);
     getShader = async (name) => (map.has(`shaders/${name}`) ? readAsText(map.get(`shaders/${name}`), `shaders/${name}`) : null);
+    packedBuf = async () => {
+      if (!map.has(SHADERS_FILE)) throw new GlcompError(`bundle: ${SHADERS_FILE} is missing`);
+      return readAsBuffer(map.get(SHADERS_FILE));
+    };
     weightsBuf = async () => readAsBuffer(map.get("weights.safetensors"));
     programBuf = async () => (map.has(PROGRAM_FILE) ? readAsBuffer(map.get(PROGRAM_FILE)) : null);
   } else {
     throw new GlcompError("Runtime.load: pass a bundle base URL, or an object / array of its files");
   }
   const manifest = parseJson(manifestBytes, "manifest.json");
+  let packedBytes = null; // format 3: the bytes of shaders.json
   // The weights and the IR graphs are fetched while the shaders are (and checked in the order
   // below): a load waits for the slowest file, not for their sum. A settled early fetch whose
   // result is never awaited (a bad manifest) is not reported as an unhandled rejection.
@@ -440,10 +486,19 @@ export async function loadBundle(source, options = {}) {
       }
     }
     const unique = [...new Set(wanted)];
-    const texts = await Promise.all(unique.map(getShader));
-    unique.forEach((name, i) => { if (texts[i] !== null) shaders[name] = texts[i]; });
+    if (packedShaders(manifest.version)) {
+      packedBytes = await packedBuf(); // judged once the manifest is known to be valid
+      for (const name of unique) shaders[name] = null;
+    } else {
+      const texts = await Promise.all(unique.map(getShader));
+      unique.forEach((name, i) => { if (texts[i] !== null) shaders[name] = texts[i]; });
+    }
   }
   validateManifest(manifest, Object.keys(shaders), options);
+  if (packedBytes !== null) {
+    const wanted = [manifest.vertex_shader, ...Object.values(manifest.programs).map((p) => p.fragment)];
+    Object.assign(shaders, unpackShaders(packedBytes, wanted));
+  }
   checkShaders(manifest, shaders);
   const weightsBytes = await weightsBuf();
   const tensors = parseSafetensors(weightsBytes);
@@ -496,7 +551,8 @@ export async function loadBundle(source, options = {}) {
       if (!isObj(parseJson(bytes, PROGRAM_FILE))) throw new GlcompError(`bundle ${PROGRAM_FILE}: must be an object`);
     }
     await check("weights.safetensors", weightsBytes);
-    for (const [name, text] of Object.entries(shaders)) await check(`shaders/${name}`, new TextEncoder().encode(text));
+    if (packedBytes !== null) await check(SHADERS_FILE, packedBytes);
+    else for (const [name, text] of Object.entries(shaders)) await check(`shaders/${name}`, new TextEncoder().encode(text));
     delete manifest.files;
   }
   return { manifest, shaders, weights, counters };

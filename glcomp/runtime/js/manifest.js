@@ -7,7 +7,9 @@ import { Validator, short } from "./schema.js";
 import { GlcompError, prod, repr } from "./util.js";
 
 export const FORMAT = "glcomp-bundle";
-export const VERSIONS = [1, 2]; // 2 adds `files` (sha256 of each file) and program.json
+// 2 adds `files` (sha256 of each file) and program.json; 3 keeps every shader in one file,
+// shaders.json ({shader file name: GLSL source}), where 1 and 2 have one file each under shaders/.
+export const VERSIONS = [1, 2, 3];
 export const MAX_SIDE = 1 << 16;
 // Resource limits, the same as glcomp/format/manifest.py's (both loaders accept the same bundles).
 export const DEFAULT_TEXTURE_BUDGET = 2 * 2 ** 30; // bytes of textures a bundle may declare
@@ -28,6 +30,18 @@ export function texelSpan(tex) {
 export const DEFAULT_LOOP_BUDGET = 2 ** 32; // loop iterations one draw may run
 const MAX_SHADER_CHARS = 2 ** 20;
 const WEIGHTS_FILE = "weights.safetensors";
+export const SHADERS_FILE = "shaders.json";
+
+/** Whether a bundle of format `version` keeps its shaders in shaders.json (version 3 on). */
+export function packedShaders(version) {
+  return Number.isInteger(version) && version >= 3;
+}
+
+/** Where the shader `name` of a bundle of format `version` is, as errors name it (manifest.py
+ *  shader_path): `shaders.json[name]` from version 3 on, the file `shaders/name` before. */
+export function shaderPath(version, name) {
+  return packedShaders(version) ? `${SHADERS_FILE}[${name}]` : `shaders/${name}`;
+}
 
 let validator = null;
 const pow2 = (v) => v >= 1 && (v & (v - 1)) === 0;
@@ -185,10 +199,20 @@ export function validateManifest(m, shaderNames, options = {}) {
   c.need(!unused.length, `textures ${short(unused)} are used by no state, input, output or draw`);
   if (m.version >= 2 || "files" in m) {
     c.need("files" in m, "files must be an object of sha256 digests (format version 2 has one per file)");
-    const wanted = new Set([m.vertex_shader, ...Object.values(programs).map((p) => p.fragment)]);
-    for (const path of [WEIGHTS_FILE, ...[...wanted].sort().map((n) => `shaders/${n}`)]) {
-      c.need(Object.hasOwn(m.files, path), `files: no sha256 for ${path}`);
+    const files = m.files;
+    let paths;
+    if (packedShaders(m.version)) {
+      paths = [WEIGHTS_FILE, SHADERS_FILE];
+      for (const path of Object.keys(files).sort()) {
+        c.need(!path.startsWith("shaders/"),
+          `files: ${path} is not a file of format version 3 (${SHADERS_FILE} holds every shader)`);
+      }
+    } else {
+      const wanted = new Set([m.vertex_shader, ...Object.values(programs).map((p) => p.fragment)]);
+      paths = [WEIGHTS_FILE, ...[...wanted].sort().map((n) => `shaders/${n}`)];
+      c.need(!Object.hasOwn(files, SHADERS_FILE), `files: ${SHADERS_FILE} is a file of format version 3, not ${m.version}`);
     }
+    for (const path of paths) c.need(Object.hasOwn(files, path), `files: no sha256 for ${path}`);
   }
 }
 
@@ -314,16 +338,19 @@ export function shaderLoopBound(source, where) {
 }
 
 /** Check every shader's loops against the validated manifest (schema.py check_shaders): the
- *  vertex shader runs none, each fragment shader at most its program's loop_iterations. */
+ *  vertex shader runs none, each fragment shader at most its program's loop_iterations. Errors
+ *  name a shader as shaderPath does for the manifest's format version. */
 export function checkShaders(manifest, shaders) {
+  const version = manifest.version;
   const vert = manifest.vertex_shader;
-  if (shaderLoopBound(shaders[vert], `shaders/${vert}`) !== 0) {
-    throw new GlcompError(`bundle shaders/${vert}: the vertex shader must not loop`);
+  if (shaderLoopBound(shaders[vert], shaderPath(version, vert)) !== 0) {
+    throw new GlcompError(`bundle ${shaderPath(version, vert)}: the vertex shader must not loop`);
   }
   for (const [pid, prog] of Object.entries(manifest.programs)) {
-    const bound = shaderLoopBound(shaders[prog.fragment], `shaders/${prog.fragment}`);
+    const where = shaderPath(version, prog.fragment);
+    const bound = shaderLoopBound(shaders[prog.fragment], where);
     if (bound > prog.loop_iterations) {
-      throw new GlcompError(`bundle shaders/${prog.fragment}: its loops may run ${bound} iterations per fragment, `
+      throw new GlcompError(`bundle ${where}: its loops may run ${bound} iterations per fragment, `
         + `more than the ${prog.loop_iterations} manifest.json declares for program ${pid}`);
     }
   }

@@ -14,7 +14,8 @@ export default {
     "version": {
       "enum": [
         1,
-        2
+        2,
+        3
       ]
     },
     "target": {
@@ -130,7 +131,7 @@ export default {
       "type": "object",
       "propertyNames": {
         "type": "string",
-        "pattern": "^(?:weights\\.safetensors|program\\.json|shaders/[A-Za-z0-9_]{1,64}\\.(?:frag|vert))$"
+        "pattern": "^(?:weights\\.safetensors|program\\.json|shaders\\.json|shaders/[A-Za-z0-9_]{1,64}\\.(?:frag|vert))$"
       },
       "additionalProperties": {
         "type": "string",
