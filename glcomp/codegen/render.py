@@ -264,7 +264,8 @@ class KernelRenderer:
         if n not in textures or self.layouts[n].pages != 1:
             return None
         lay = self.layouts[n]
-        return {"s": f"s{n}_0", "w": lay.width, "h": lay.height, "rt": lay.row_texels}
+        shift = None if self.webgl1 or lay.width & (lay.width - 1) else lay.width.bit_length() - 1
+        return {"s": f"s{n}_0", "w": lay.width, "h": lay.height, "rt": lay.row_texels, "shift": shift}
 
     def root4_head(self, n: int) -> dict[str, Any]:
         rank = len(self.graph.shape(n))
