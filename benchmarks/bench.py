@@ -298,7 +298,8 @@ def _fmt_ms(rec: dict[str, Any] | None, key: str = "ms_median") -> str:
     return "-" if not rec else f"{rec[key]:.1f}"
 
 
-def _markdown(head: list[str], rows: list[list[str]]) -> str:
+def markdown(head: list[str], rows: list[list[str]]) -> str:
+    """A markdown table, columns padded to their widest cell (every benchmark prints these)."""
     widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |"]
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -323,7 +324,7 @@ def table(results: list[dict[str, Any]], settings: list[str], runtimes: list[str
             row += [_fmt_ms(by.get((name, "gl", s)), key) for s in gl_cols]
             row += [_fmt_ms(by.get((name, r, "-")), key) for r in runtimes if r != "gl"]
             rows.append(row)
-        text += f"{title} ms per training step (median)\n\n" + _markdown(head, rows) + "\n\n"
+        text += f"{title} ms per training step (median)\n\n" + markdown(head, rows) + "\n\n"
     text = text.rstrip("\n")
     if gl_cols:
         rows = []
@@ -334,7 +335,7 @@ def table(results: list[dict[str, Any]], settings: list[str], runtimes: list[str
                 row.append("-" if g is None else f"{g['draws']} / {g['kernels']} / {g['texture_bytes']:,}")
             rows.append(row)
         head = ["workload"] + [f"gl ({s})" for s in gl_cols]
-        text += "\n\ndraws / kernels / texture bytes per train step (GL bundle)\n\n" + _markdown(head, rows)
+        text += "\n\ndraws / kernels / texture bytes per train step (GL bundle)\n\n" + markdown(head, rows)
     return text
 
 

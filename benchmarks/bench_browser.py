@@ -62,14 +62,23 @@ SWIFTSHADER_ARGS = [
 GPU_ARGS = ["--headless", "--no-sandbox", "--enable-gpu", "--ignore-gpu-blocklist", "--no-first-run"]
 
 
-def _workloads() -> dict[str, Any]:
-    """The workloads of benchmarks/bench.py (one definition for every benchmark)."""
+def _bench() -> Any:
+    """benchmarks/bench.py as a module: its workloads (one definition for every benchmark) and
+    its markdown tables."""
+    if "_glcomp_bench" in sys.modules:
+        return sys.modules["_glcomp_bench"]
     spec = importlib.util.spec_from_file_location("_glcomp_bench", Path(__file__).with_name("bench.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return {name: (w.model, w.optimizer, tuple(w.x_shape), w.classes) for name, w in module.WORKLOADS.items()}
+    return module
+
+
+def _workloads() -> dict[str, Any]:
+    """The workloads of benchmarks/bench.py."""
+    workloads = _bench().WORKLOADS
+    return {name: (w.model, w.optimizer, tuple(w.x_shape), w.classes) for name, w in workloads.items()}
 
 
 PEERS = ("tfjs",)
@@ -358,11 +367,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 "-" if mgl is None else f"{mgl:.1f}",
             ]
         )
-    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |"]
-    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    lines += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
-    return "\n".join(lines)
+    return _bench().markdown(head, rows)
 
 
 def peer_table(results: list[dict[str, Any]]) -> str:
@@ -417,11 +422,7 @@ def peer_table(results: list[dict[str, Any]]) -> str:
                 first_ratio,
             ]
         )
-    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |"]
-    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    lines += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
-    return "\n".join(lines)
+    return _bench().markdown(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

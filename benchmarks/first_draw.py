@@ -155,11 +155,7 @@ def main() -> None:
                 )
             )
         browser.close()
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for i, r in enumerate(rows):
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print(bench.markdown(list(rows[0]), [list(r) for r in rows[1:]]))
 
 
 if __name__ == "__main__":
