@@ -98,6 +98,55 @@ def test_tiled_matmul_matches_reference(form, shape, m, k, n, force: Any, gl_run
     check(prog, gl_runtime, (m, n), seed=k)
 
 
+class TransposedProduct(nn.Module):
+    """x.T @ w (w stored as (K, N)) or, for "linear", x.T @ w.T (w stored as (N, K)): A is the
+    transpose of the stored input, as in a weight gradient."""
+
+    def __init__(self, k: int, n: int, form: str) -> None:
+        super().__init__()
+        rng = np.random.default_rng(k * 10 + n)
+        self.form = form
+        self.w = nn.Parameter(rng.normal(size=(n, k) if form == "linear" else (k, n)).astype(np.float32))
+
+    def forward(self, x: Any) -> Any:
+        return x.t() @ (self.w.T if self.form == "linear" else self.w)
+
+
+@pytest.mark.parametrize(
+    "form, shape, m, k, n",
+    [
+        ("stored", (4, 1), 7, 9, 6),  # M % 4 = 3 (the last texel of rows half past M), K % 4 = 1
+        ("stored", (8, 1), 13, 6, 10),  # two texels of X's row per step, K % 4 = 2
+        ("stored", (4, 2), 12, 3, 37),  # K < 4: the tail alone
+        ("linear", (4, 1), 10, 11, 5),
+        ("linear", (8, 1), 9, 8, 13),
+    ],
+)
+def test_tiled_matmul_reads_a_transposed_operand(form, shape, m, k, n, force: Any, gl_runtime: Any):
+    """A = X.T with X (K, M) stored (a weight gradient's x.T): each K step reads R / 4 texels of
+    each of X's four rows, whose components are four of A's rows, instead of one component of a
+    texel per row and step."""
+    force(shape)
+    prog = glcomp.compile(TransposedProduct(k, n, form), {"x": (k, m)}, target="webgl2", max_draw_buffers=8)
+    assert f"{shape[0]} x {shape[1]}" in tiled_shapes(prog)
+    assert any("int kx = " in s for s in build_bundle(prog).shaders.values())
+    x = np.random.default_rng(m).normal(size=(k, m)).astype(np.float32)
+    want = prog.runtime("reference").predict(x=x)
+    with gl_runtime(prog) as gl:
+        np.testing.assert_allclose(gl.predict(x=x), want, rtol=RTOL, atol=ATOL)
+
+
+def test_transposed_operand_never_splits_k(split_small: None, gl_runtime: Any) -> None:
+    """Split K runs blocks of one row: a product whose A is a transpose keeps its one-texel kernel
+    there rather than a split that could not read A's rows four at a time."""
+    prog = glcomp.compile(TransposedProduct(1024, 8, "stored"), {"x": (1024, 3)}, target="webgl2")
+    assert not tiled_shapes(prog)
+    x = np.random.default_rng(3).normal(size=(1024, 3)).astype(np.float32)
+    want = prog.runtime("reference").predict(x=x)
+    with gl_runtime(prog) as gl:
+        np.testing.assert_allclose(gl.predict(x=x), want, rtol=RTOL, atol=1e-4)
+
+
 @pytest.mark.parametrize("form", ["stored", "linear"])
 def test_tiled_matmul_split_loop_and_wrapping_rows(form: str, force: Any, gl_runtime: Any):
     """K = 130: rows of 33 texels in textures 32 or 64 wide (rows wrap); a loop limit of 4 splits

@@ -33,9 +33,11 @@ from glcomp.codegen.target import Target
 
 @dataclass(frozen=True)
 class Tiling:
-    """How one matmul kernel is tiled: product `node` = A @ B with B the stored texture `b`
-    (form "b") or the transpose of stored W `b` (form "w"); R x C output texels per fragment;
-    K split into `S` chunks (1: not split), their partial products added by the gather."""
+    """How one matmul kernel is tiled: product `node` = A @ B with A the stored texture `a`
+    (a_form "a") or the transpose of stored X `a` (a_form "t": a weight gradient's x.T, R a
+    multiple of 4), B the stored texture `b` (form "b") or the transpose of stored W `b` (form
+    "w"); R x C output texels per fragment; K split into `S` chunks (1: not split), their partial
+    products added by the gather."""
 
     node: int
     a: int
@@ -47,6 +49,7 @@ class Tiling:
     K: int
     N: int
     S: int = 1
+    a_form: str = "a"
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -91,6 +94,7 @@ def render_tiled(
         "N": t.N,
         "S": t.S,
         "form": t.form,
+        "a_form": t.a_form,
         "max_loop": target.max_loop_iterations,
     }
     template = environment().get_template("matmul_tiled.frag.j2")
@@ -105,7 +109,8 @@ def render_tiled(
             "samplers": [sa, sb],
             "s_a": sa,
             "s_b": sb,
-            "a_tex": _tex(layouts[t.a]) | {"rt": math.ceil(t.K / 4)},  # A may be a view of t.a
+            # A may be a view of t.a (a reshape when K is split); X of A = X.T is read by its rows
+            "a_tex": _tex(layouts[t.a]) | ({"rt": math.ceil(t.K / 4)} if t.a_form == "a" else {}),
             "b_tex": _tex(layouts[t.b]),
         }
     )

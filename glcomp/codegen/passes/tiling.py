@@ -1,9 +1,10 @@
 """tiling: large matmuls as a register-blocked draw into tiles plus a gather draw.
 
 Chosen per kernel by `choose_tiling`: a kernel whose only root is a matmul of two stored
-single-page textures (A, or when K is split a reshape of a stored texture in the same texel order,
-and B or the transpose of a stored W), on a GLSL ES 3.00 target with at least 2 draw buffers, when
-the fetches saved outweigh the extra draw (glcomp.codegen.cost). The block shape is the one with
+single-page textures (A, the transpose of a stored X (blocks of 4 or 8 rows), or when K is split a
+reshape of a stored texture in the same texel order; and B or the transpose of a stored W), on a
+GLSL ES 3.00 target with at least 2 draw buffers, when the fetches saved outweigh the extra draw
+(glcomp.codegen.cost). The block shape is the one with
 the fewest fetches per output texel among those fitting the target's draw buffers. A product with
 at most `FEW_TEXELS` output texels and at least `LONG_STEPS` steps of 4 along K is split over K
 instead (1 x 1 blocks, S chunks of whole texels, added by the gather): it would otherwise loop
@@ -104,7 +105,7 @@ def choose_tiling(
     a, b = graph.operands(n)
     (m, k), cols = graph.shape(a), graph.shape(n)[1]
     chunks = split_chunks(m, k, cols)
-    form, fused = "b", []
+    form, a_form, fused = "b", "a", []
     # Only the transpose of a stored W (x @ W.T of a Linear layer) may be fused, and, when K is
     # split, a reshape of a stored A in the same texel order (a Flatten before a Linear).
     view = get_op(graph.op(b)).view
@@ -115,6 +116,14 @@ def choose_tiling(
     if src is not None:
         fused.append(a)
         a = src
+    # A the transpose of a stored X (a weight gradient's x.T): read by X's rows, 4 rows of A a
+    # texel; not split over K (split blocks are one row).
+    view = get_op(graph.op(a)).view
+    if src is None and a in kernel.body and view is not None and view(graph.attrs(a)) == "transpose":
+        if chunks > 1:
+            return None
+        fused.append(a)
+        a, a_form = graph.operands(a)[0], "t"
     if sorted(kernel.body) != sorted(fused):
         return None
     if not (_stored(a, kernel, layouts) and _stored(b, kernel, layouts)):
@@ -128,13 +137,15 @@ def choose_tiling(
         fw, fh = -(-rt // c), -(-m // r)
         if r * c > target.max_draw_buffers or fw * fh > target.max_texture_size**2:
             continue
+        if a_form == "t" and r % 4:
+            continue
         work = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * GATHER_FETCHES)
         work += cost.draws(1 + extra_draws, blocked=True)
         if best is None or work < best[0]:
             best = (work, r, c)
     if best is None or best[0] >= today:
         return None
-    return Tiling(n, a, b, form, best[1], best[2], m, k, cols)
+    return Tiling(n, a, b, form, best[1], best[2], m, k, cols, a_form=a_form)
 
 
 def _closure(graph: Graph, start: int, kernel: Kernel, stop: int | None) -> tuple[list[int], list[int]]:
