@@ -264,8 +264,13 @@ class KernelRenderer:
         if n not in textures or self.layouts[n].pages != 1:
             return None
         lay = self.layouts[n]
-        shift = None if self.webgl1 or lay.width & (lay.width - 1) else lay.width.bit_length() - 1
+        shift = self.shift(lay.width)
         return {"s": f"s{n}_0", "w": lay.width, "h": lay.height, "rt": lay.row_texels, "shift": shift}
+
+    def shift(self, width: int) -> int | None:
+        """log2 of a power-of-two texture `width` on GLSL ES 3.00 targets (addresses then divide
+        with a shift and a mask), None otherwise (GLSL ES 1.00 has no integer bit operations)."""
+        return None if self.webgl1 or width & (width - 1) else width.bit_length() - 1
 
     def root4_head(self, n: int) -> dict[str, Any]:
         rank = len(self.graph.shape(n))
@@ -503,6 +508,46 @@ class KernelRenderer:
         return bodies, scalar
 
     # -- whole kernel ----------------------------------------------------------------------------
+    def _groups(
+        self,
+        nodes: list[int],
+        roots: list[dict[str, Any]],
+        outputs: list[dict[str, Any]],
+        chains: list[int],
+        uniform_of: dict[int, str],
+        textures: set[int],
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """main()'s groups of consecutive render targets of one geometry (`nodes`, with their root
+        specs and output dicts), which share its index arithmetic, and the nodes whose vec4
+        functions the kernel then defines first (the chain roots not computed in main()).
+
+        Two or more fused chains of a group (without a loop cache) are computed in main()
+        together as straight-line code (`_ssa4`: each value they share once) instead of through
+        one glc_root function each: their roots are marked "inline" and their outputs read the
+        local. Guarantee: every target gets the same values as through its own function."""
+        g = self.graph
+        groups: list[dict[str, Any]] = []
+        for i, o in enumerate(outputs):
+            key = (o["texels"], o["row_texels"], o["row_len"], o["args"], o.get("args4"), *o["unflatten"])
+            if groups and groups[-1]["key"] == key:
+                groups[-1]["members"].append(i)
+            else:
+                groups.append({"key": key, "members": [i], "lines": []})
+        seeds = list(chains)
+        for grp in groups:
+            shared = [i for i in grp["members"] if nodes[i] in chains and "caches" not in roots[i]["vec4"]]
+            if len(shared) < 2:
+                continue
+            lead = [f"i{k}" for k in range(len(g.shape(nodes[shared[0]])) - 1)]
+            lines, called = self._ssa4([nodes[i] for i in shared], lead, uniform_of, textures)
+            grp["lines"] = lines
+            for i in shared:
+                outputs[i]["local"] = f"e{nodes[i]}"
+                roots[i]["inline"] = True
+                seeds.remove(nodes[i])
+            seeds += called
+        return groups, seeds
+
     def _output(self, n: int) -> dict[str, Any]:
         """How main() maps a texel of root `n`'s texture to its elements."""
         lay, shape = self.layouts[n], self.graph.shape(n)
@@ -566,7 +611,7 @@ class KernelRenderer:
                     "pages": lay.pages,
                     "width": lay.width,
                     "height": lay.height,
-                    "shift": None if t.webgl1 or lay.width & (lay.width - 1) else lay.width.bit_length() - 1,
+                    "shift": self.shift(lay.width),
                     "samplers": names,
                 }
             )
@@ -612,36 +657,13 @@ class KernelRenderer:
                     single[n] = v4 | {"single": ", ".join([*lead, "0"])}
                 else:
                     self.want4 = asked  # the form not taken reads nothing
-        # Loop templates read fused operands a texel at a time through vec4 functions (fn4).
-        # Render targets of one geometry share main()'s index arithmetic; their fused chains (two or
-        # more, without a loop cache) are computed there together as straight-line code, each value
-        # they share once (_ssa4), instead of through one glc_root function each.
+        # Loop templates read fused operands a texel at a time through vec4 functions (fn4);
+        # render targets of one geometry share main()'s work (_groups).
         outputs = [self._output(r) for r in kernel.roots]
         for o, spec in zip(outputs, roots):
             if "vec4" in spec:
                 o |= {"vec4": True, "args4": spec["vec4"]["args4"]}
-        groups: list[dict[str, Any]] = []
-        for i, o in enumerate(outputs):
-            key = (o["texels"], o["row_texels"], o["row_len"], o["args"], o.get("args4"), *o["unflatten"])
-            if groups and groups[-1]["key"] == key:
-                groups[-1]["members"].append(i)
-            else:
-                groups.append({"key": key, "members": [i], "lines": []})
-        seeds = list(chains)
-        for grp in groups:
-            shared = [
-                i for i in grp["members"] if kernel.roots[i] in chains and "caches" not in roots[i]["vec4"]
-            ]
-            if len(shared) < 2:
-                continue
-            lead = [f"i{k}" for k in range(len(g.shape(kernel.roots[shared[0]])) - 1)]
-            lines, called = self._ssa4([kernel.roots[i] for i in shared], lead, uniform_of, textures)
-            grp["lines"] = lines
-            for i in shared:
-                outputs[i]["local"] = f"e{kernel.roots[i]}"
-                roots[i]["inline"] = True
-                seeds.remove(kernel.roots[i])
-            seeds += called
+        groups, seeds = self._groups(kernel.roots, roots, outputs, chains, uniform_of, textures)
         bodies, scalar_seeds = self.plan4([*seeds, *sorted(self.want4)], uniform_of, textures)
         # Scalar functions are defined where something calls them: scalar roots, the operands of
         # loop roots and of every scalar function, and the gathers of vec4 functions.
