@@ -31,16 +31,18 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 class Product(nn.Module):
-    """x @ w (w stored as (K, N)) or, for "linear", x @ w.T (w stored as (N, K))."""
+    """x @ w (w stored as (K, N)) or, for "linear", x @ w.T (w stored as (N, K)); with `transposed`,
+    x.T instead of x (A the transpose of the stored input, as in a weight gradient)."""
 
-    def __init__(self, k: int, n: int, form: str) -> None:
+    def __init__(self, k: int, n: int, form: str, transposed: bool = False) -> None:
         super().__init__()
         rng = np.random.default_rng(k * 100 + n)
-        self.form = form
+        self.form, self.transposed = form, transposed
         self.w = nn.Parameter(rng.normal(size=(n, k) if form == "linear" else (k, n)).astype(np.float32))
 
     def forward(self, x: Any) -> Any:
-        return x @ self.w.T if self.form == "linear" else x @ self.w
+        a = x.t() if self.transposed else x
+        return a @ self.w.T if self.form == "linear" else a @ self.w
 
 
 @pytest.fixture
@@ -98,20 +100,6 @@ def test_tiled_matmul_matches_reference(form, shape, m, k, n, force: Any, gl_run
     check(prog, gl_runtime, (m, n), seed=k)
 
 
-class TransposedProduct(nn.Module):
-    """x.T @ w (w stored as (K, N)) or, for "linear", x.T @ w.T (w stored as (N, K)): A is the
-    transpose of the stored input, as in a weight gradient."""
-
-    def __init__(self, k: int, n: int, form: str) -> None:
-        super().__init__()
-        rng = np.random.default_rng(k * 10 + n)
-        self.form = form
-        self.w = nn.Parameter(rng.normal(size=(n, k) if form == "linear" else (k, n)).astype(np.float32))
-
-    def forward(self, x: Any) -> Any:
-        return x.t() @ (self.w.T if self.form == "linear" else self.w)
-
-
 @pytest.mark.parametrize(
     "form, shape, m, k, n",
     [
@@ -127,7 +115,7 @@ def test_tiled_matmul_reads_a_transposed_operand(form, shape, m, k, n, force: An
     each of X's four rows, whose components are four of A's rows, instead of one component of a
     texel per row and step."""
     force(shape)
-    prog = glcomp.compile(TransposedProduct(k, n, form), {"x": (k, m)}, target="webgl2", max_draw_buffers=8)
+    prog = glcomp.compile(Product(k, n, form, True), {"x": (k, m)}, target="webgl2", max_draw_buffers=8)
     assert f"{shape[0]} x {shape[1]}" in tiled_shapes(prog)
     assert any("int kx = " in s for s in build_bundle(prog).shaders.values())
     x = np.random.default_rng(m).normal(size=(k, m)).astype(np.float32)
@@ -139,7 +127,7 @@ def test_tiled_matmul_reads_a_transposed_operand(form, shape, m, k, n, force: An
 def test_transposed_operand_never_splits_k(split_small: None, gl_runtime: Any) -> None:
     """Split K runs blocks of one row: a product whose A is a transpose keeps its one-texel kernel
     there rather than a split that could not read A's rows four at a time."""
-    prog = glcomp.compile(TransposedProduct(1024, 8, "stored"), {"x": (1024, 3)}, target="webgl2")
+    prog = glcomp.compile(Product(1024, 8, "stored", True), {"x": (1024, 3)}, target="webgl2")
     assert not tiled_shapes(prog)
     x = np.random.default_rng(3).normal(size=(1024, 3)).astype(np.float32)
     want = prog.runtime("reference").predict(x=x)
