@@ -455,6 +455,13 @@ def test_gl_runtime_checks_its_texture_budget(good: Path, gl_ctx: Any) -> None:
 
 
 # Shaders and the loop bound both loaders compute for them (None: refused).
+def _inlining_bomb(depth: int) -> str:
+    """e_k calls e_(k-1) twice, for k up to `depth`: no loop, 2^depth copies of e_0 inlined."""
+    funcs = ["float e_0(float x) { return x + 1.0; }"]
+    funcs += [f"float e_{k}(float x) {{ return e_{k - 1}(e_{k - 1}(x)); }}" for k in range(1, depth + 1)]
+    return "\n".join([*funcs, f"void main() {{ float y = e_{depth}(0.5); }}"])
+
+
 SHADERS = {
     "no loop": ("void main() { gl_FragColor = vec4(0.0); }", 0),
     "one loop": ("void main() { for (int i = 0; i < 7; i++) { } }", 7),
@@ -495,6 +502,53 @@ SHADERS = {
     "parentheses in a parameter": (
         "int k(int a[(2)]) { for (int i = 0; i < 9; i++) { } return 0; }\nvoid main() { int x[2]; k(x); }",
         9,
+    ),
+    # Calls multiply a function's inlined size: no loop, yet 2^20 copies of e0 (tens of GB to compile).
+    "inlining bomb": (_inlining_bomb(20), None),
+    "inlining within the budget": (_inlining_bomb(12), 0),
+    "inlining bomb in a loop": (
+        "float f(float x) { return x; }\nvoid main() { float y = 0.0; "
+        + "for (int i = 0; i < 2; i++) { "
+        + "y = f(y); " * 70000
+        + "} }",
+        None,
+    ),
+    # Bounds were kept by name: a second overload of heavy, without loops, replaced the first's
+    # bound. A call counts the costliest overload of its name.
+    "overloaded": (
+        "float heavy(float x) { for (int i = 0; i < 65535; i++) { for (int j = 0; j < 65535; j++) { } } "
+        "return x; }\nfloat heavy(int x) { return 1.0; }\nvoid main() { heavy(1.0); }",
+        65535 + 65535 * 65535,
+    ),
+    "overload calling the other": (
+        "vec4 m(vec4 a) { for (int i = 0; i < 9; i++) { } return a; }\n"
+        "float m(float a) { return m(vec4(a)).x; }\nvoid main() { for (int j = 0; j < 2; j++) { m(1.0); } }",
+        2 + 2 * 9,
+    ),
+    "overload defined after a call": (
+        "float heavy(float x) { return x; }\nfloat heavy(int x);\nvoid main() { heavy(1); }\n"
+        "float heavy(int x) { for (int i = 0; i < 65535; i++) { } return 1.0; }",
+        None,
+    ),
+    "defined after a call in a function": (
+        "float g(float x) { return x; }\nfloat f() { return g(1.0); }\nvec2 g(vec2 x) { return x; }\n"
+        "void main() { f(); }",
+        None,
+    ),
+    "declared, then defined": ("void f();\nvoid f() { }\nvoid main() { f(); }", 0),
+    "loop variable to inout": (
+        "void reset(inout int v) { v = 0; }\nvoid main() { for (int i = 0; i < 7; i++) { reset(i); } }",
+        None,
+    ),
+    "loop variable to out, in parentheses": (
+        "void set(float a, out int v) { v = 0; }\n"
+        "void main() { for (int i = 0; i < 7; i++) { set(1.0, (i)); } }",
+        None,
+    ),
+    "loop variable by value beside an out": (
+        "void set(int k, out int v) { v = k; }\n"
+        "void main() { int x; for (int i = 0; i < 7; i++) { set(int(i), x); } }",
+        7,
     ),
 }
 

@@ -21,6 +21,7 @@ from glcomp.codegen.schema import (
     _TOKEN,
     _WRITE_AFTER,
     _WRITE_BEFORE,
+    MAX_INLINED_TOKENS,
     MAX_SHADER_CHARS,
     shader_loop_bound,
 )
@@ -50,25 +51,35 @@ def reference_loop_bound(source: str, where: str) -> int:
             raise fail(f"preprocessor directive {line[:60]!r} is not allowed")
     tokens = [(mt[0], mt.start()) for mt in _TOKEN.finditer(text)]
     defined: set[str] = set()  # functions: NAME ( ... ) { at the top level
+    writers: set[str] = set()  # functions with an out or inout parameter
     depth = paren = 0  # paren: parentheses open outside every brace
     last_name = ""
+    writes = False
     for i, (tok, _) in enumerate(tokens):
         if tok == "{":
             if depth == 0 and i > 0 and tokens[i - 1][0] == ")":
                 defined.add(last_name)
+                if writes:
+                    writers.add(last_name)
             depth += 1
         elif tok == "}":
             depth -= 1
         elif depth == 0 and tok in ("(", ")"):
             paren += 1 if tok == "(" else -1
+        elif depth == 0 and paren > 0 and tok in ("out", "inout"):
+            writes = True
         elif depth == paren == 0 and i + 1 < len(tokens) and tokens[i + 1][0] == "(":
             if tok[0].isalpha() or tok[0] == "_":
                 last_name = tok
+                writes = False
     bounds: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    called: set[str] = set()
     depth = paren = 0
     func: str | None = None
     last_name = ""
-    total = 0
+    total = opened = inlined = 0
+    calls: list[str | None] = []
     loops: list[tuple[str, int, int]] = []  # (variable, iterations including this loop's, depth)
     i = 0
     while i < len(tokens):
@@ -92,7 +103,15 @@ def reference_loop_bound(source: str, where: str) -> int:
             depth += 1
             if depth == 1:
                 func = last_name if i > 0 and tokens[i - 1][0] == ")" else None
-                total = 0
+                if func is not None and func in called:
+                    raise fail(
+                        f"function {func} is defined after a call of {func} (every overload must come "
+                        "before the calls of its name)",
+                        pos,
+                    )
+                total = inlined = 0
+                opened = i
+                calls = []
         elif tok == "}":
             if loops and loops[-1][2] == depth:
                 loops.pop()
@@ -100,11 +119,26 @@ def reference_loop_bound(source: str, where: str) -> int:
             if depth < 0:
                 raise fail("unbalanced braces", pos)
             if depth == 0 and func is not None:
-                bounds[func] = total
+                size = i - opened + 1 + inlined
+                if size > MAX_INLINED_TOKENS:
+                    raise fail(
+                        f"function {func} inlined would hold {size} tokens, more than the "
+                        f"{MAX_INLINED_TOKENS} allowed (every call inlines its callee)",
+                        pos,
+                    )
+                # Overloads share a name and a call's overload is not known here: each call of
+                # the name counts the costliest (all are defined before the first call).
+                bounds[func] = max(total, bounds.get(func, 0))
+                sizes[func] = max(size, sizes.get(func, 0))
                 func = None
         elif tok in ("(", ")"):
             if depth == 0:
                 paren += 1 if tok == "(" else -1
+            elif tok == "(":
+                before = tokens[i - 1][0]
+                calls.append(before if before[0].isalpha() or before[0] == "_" else None)
+            elif calls:
+                calls.pop()
         elif tok[0].isalpha() or tok[0] == "_":
             if depth == 0 and nxt == "(":
                 if paren == 0:
@@ -112,13 +146,28 @@ def reference_loop_bound(source: str, where: str) -> int:
             elif depth > 0 and nxt == "(" and tok in defined:
                 if tok not in bounds:
                     raise fail(f"{tok} is called before its definition ends (recursion is not allowed)", pos)
+                called.add(tok)
                 total += mult * bounds[tok]
+                inlined += sizes[tok]
+                if inlined > MAX_INLINED_TOKENS:
+                    raise fail(
+                        f"function {func} inlined would hold more than the {MAX_INLINED_TOKENS} tokens "
+                        "allowed (every call inlines its callee)",
+                        pos,
+                    )
             for var, _, _ in loops:
                 if tok == var and (
                     _WRITE_AFTER.match(text, pos + len(tok))
                     or _WRITE_BEFORE.search(text[max(0, pos - 16) : pos])
                 ):
                     raise fail(f"the loop variable {var} is written in its loop", pos)
+                named = [c for c in calls if c is not None]
+                if tok == var and named and named[-1] in writers:
+                    raise fail(
+                        f"the loop variable {var} is passed to {named[-1]}, which has out or inout "
+                        "parameters (it could write it)",
+                        pos,
+                    )
         i += 1
     if depth != 0:
         raise fail("unbalanced braces")
@@ -135,7 +184,10 @@ def _outcome(bound, source: str) -> int | str:
 # Pieces of shaders, good and bad: loops (nested, malformed, writing their variable), calls before
 # and after definitions, stray braces and parentheses, names that contain keywords or loop
 # variables, numbers glued to names, comments, directives.
-HEADERS = ["void main() {", "float f(int a) {", "int g() {", "vec4 h(vec4 (a)) {", "int k(int a[(2)]) {"]
+HEADERS = [
+    *("void main() {", "float f(int a) {", "int g() {", "vec4 h(vec4 (a)) {", "int k(int a[(2)]) {"),
+    *("void w(inout int a) {", "void o(int b, out int a) {"),
+]
 GOOD_LOOPS = ["for (int i = 0; i < 3; i++) {", "for (int j = 0; j < 70; j++) {", "for(int i=0;i<5;i++){"]
 BAD_LOOPS = [
     "2for (int i = 0; i < 3; i++) {",
@@ -147,6 +199,7 @@ BAD_LOOPS = [
 ]
 GOOD = [
     *("f(1);", "g();", "h(vec4(0.0));", "k(x);", "fori(1);", "int(i);", "x = i;", "int format = i;"),
+    *("w(x);", "o(i, x);", "w(x[i]);", "f(g());", "w((i));", "o(int(i), x);", "w(f(i));"),
     *("i == 2;", "return 1;", "/* c */", "// note\n", "float y = 0.5;", "{ x = 1; }", "2i + 1;"),
 ]
 BAD = [

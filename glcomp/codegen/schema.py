@@ -289,7 +289,9 @@ _DIRECTIVE = re.compile(
     r"#[ \t]*(?:version[ \t]+(?:100|300[ \t]+es)|extension[ \t]+[A-Za-z0-9_]+[ \t]*:[ \t]*[a-z]+)"
 )
 _CODE_CHARS = re.compile(r"[ -~\t\r\n]*")
+_WRITING_QUALIFIERS = frozenset({"out", "inout"})
 MAX_SHADER_CHARS = 1 << 20
+MAX_INLINED_TOKENS = 1 << 18  # of one function with every call inlined (a shader of 1 MiB has ~300k)
 
 
 def shader_loop_bound(source: str, where: str) -> int:
@@ -302,7 +304,15 @@ def shader_loop_bound(source: str, where: str) -> int:
     printable ASCII outside comments; and any call of a function not defined above the caller
     (so no recursion). Nested loops multiply; a call adds the callee's bound times the
     iterations around it. The browser runtime's shaderLoopBound computes the same numbers.
-    """
+
+    Calls are inlined by every GLSL compiler, so calls multiply a function's size: a function's
+    inlined size is its own tokens (from its "{" to its "}") plus the inlined size of every call
+    it makes, and none may exceed MAX_INLINED_TOKENS (functions calling each other twice, 30
+    deep, are 2^30 copies: that once took tens of GB to compile). Overloads share a name, and
+    which one a call means is not known here: a call counts the costliest overload of its name,
+    and every overload must be defined before the first call of its name (an overload defined
+    later could be the one called). A loop variable may not be passed to a function with ``out``
+    or ``inout`` parameters (which could write it)."""
 
     def fail(msg: str, pos: int | None = None) -> GlcompError:
         at = "" if pos is None else f"line {text.count(chr(10), 0, pos) + 1}: "
@@ -338,32 +348,44 @@ def shader_loop_bound(source: str, where: str) -> int:
     events.update(k - 1 for k in marks if toks[k] == "(")
     if loop_vars:
         events.update(k for k, t in enumerate(toks) if t in loop_vars)
+        events.update(k for k, t in enumerate(toks) if t in _WRITING_QUALIFIERS)
     events.discard(-1)  # a "(" that opens the shader follows no token
     events = sorted(events)
     # A function's name is the identifier before the "(" that opens its parameters: the last one
     # followed by "(" outside every brace and parenthesis (a call in an array size of a parameter,
     # `int k(int a[abs(2)])`, must not take the name's place).
     defined: set[str] = set()  # functions: NAME ( ... ) { at the top level
+    writers: set[str] = set()  # those of them with an out or inout parameter
     depth = paren = 0
     last_name = ""
+    writes = False  # an out or inout qualifier in the parameters after last_name
     for i in events:
         tok = toks[i]
         if tok == "{":
             if depth == 0 and i > 0 and toks[i - 1] == ")":
                 defined.add(last_name)
+                if writes:
+                    writers.add(last_name)
             depth += 1
         elif tok == "}":
             depth -= 1
         elif depth == 0 and tok in "()":
             paren += 1 if tok == "(" else -1
+        elif depth == 0 and paren > 0 and tok in _WRITING_QUALIFIERS:
+            writes = True
         elif depth == 0 and paren == 0 and i + 1 < count and toks[i + 1] == "(":
             if tok[0].isalpha() or tok[0] == "_":
                 last_name = tok
+                writes = False
     bounds: dict[str, int] = {}
+    sizes: dict[str, int] = {}  # inlined size in tokens of each function defined
+    called: set[str] = set()  # the functions called so far
     depth = paren = 0
     func: str | None = None
     last_name = ""
     total = 0
+    opened = inlined = 0  # the token opening the function being read; its callees' sizes
+    calls: list[str | None] = []  # the functions whose parentheses are open (None: no name)
     loops: list[tuple[str, int, int]] = []  # (variable, iterations including this loop's, depth)
     skip_to = 0  # tokens before this one belong to a loop header already read
     for i in events:
@@ -388,7 +410,15 @@ def shader_loop_bound(source: str, where: str) -> int:
             depth += 1
             if depth == 1:
                 func = last_name if i > 0 and toks[i - 1] == ")" else None
-                total = 0
+                if func is not None and func in called:
+                    raise fail(
+                        f"function {func} is defined after a call of {func} (every overload must come "
+                        "before the calls of its name)",
+                        pos,
+                    )
+                total = inlined = 0
+                opened = i
+                calls.clear()
         elif tok == "}":
             if loops and loops[-1][2] == depth:
                 loops.pop()
@@ -396,11 +426,26 @@ def shader_loop_bound(source: str, where: str) -> int:
             if depth < 0:
                 raise fail("unbalanced braces", pos)
             if depth == 0 and func is not None:
-                bounds[func] = total
+                size = i - opened + 1 + inlined
+                if size > MAX_INLINED_TOKENS:
+                    raise fail(
+                        f"function {func} inlined would hold {size} tokens, more than the "
+                        f"{MAX_INLINED_TOKENS} allowed (every call inlines its callee)",
+                        pos,
+                    )
+                # Overloads share a name and a call's overload is not known here: each call of
+                # the name counts the costliest (all are defined before the first call).
+                bounds[func] = max(total, bounds.get(func, 0))
+                sizes[func] = max(size, sizes.get(func, 0))
                 func = None
         elif tok in "()":
             if depth == 0:
                 paren += 1 if tok == "(" else -1
+            elif tok == "(":
+                before = toks[i - 1] if i > 0 else ""
+                calls.append(before if before[:1].isalpha() or before[:1] == "_" else None)
+            elif calls:
+                calls.pop()
         elif tok[0].isalpha() or tok[0] == "_":
             if depth == 0 and nxt == "(":
                 if paren == 0:
@@ -408,13 +453,29 @@ def shader_loop_bound(source: str, where: str) -> int:
             elif depth > 0 and nxt == "(" and tok in defined:
                 if tok not in bounds:
                     raise fail(f"{tok} is called before its definition ends (recursion is not allowed)", pos)
+                called.add(tok)
                 total += mult * bounds[tok]
+                inlined += sizes[tok]
+                if inlined > MAX_INLINED_TOKENS:
+                    raise fail(
+                        f"function {func} inlined would hold more than the {MAX_INLINED_TOKENS} tokens "
+                        "allowed (every call inlines its callee)",
+                        pos,
+                    )
             for var, _, _ in loops:
                 if tok == var and (
                     _WRITE_AFTER.match(text, pos + len(tok))
                     or _WRITE_BEFORE.search(text[max(0, pos - 16) : pos])
                 ):
                     raise fail(f"the loop variable {var} is written in its loop", pos)
+                if tok == var:
+                    callee = next((c for c in reversed(calls) if c is not None), None)
+                    if callee in writers:
+                        raise fail(
+                            f"the loop variable {var} is passed to {callee}, which has out or inout "
+                            "parameters (it could write it)",
+                            pos,
+                        )
     if depth != 0:
         raise fail("unbalanced braces")
     return bounds.get("main", 0)

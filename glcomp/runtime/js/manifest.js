@@ -29,6 +29,7 @@ export function texelSpan(tex) {
 }
 export const DEFAULT_LOOP_BUDGET = 2 ** 32; // loop iterations one draw may run
 const MAX_SHADER_CHARS = 2 ** 20;
+const MAX_INLINED_TOKENS = 2 ** 18; // of one function with every call inlined (schema.py MAX_INLINED_TOKENS)
 const WEIGHTS_FILE = "weights.safetensors";
 export const SHADERS_FILE = "shaders.json";
 
@@ -260,26 +261,40 @@ export function shaderLoopBound(source, where) {
   // A function's name: the identifier before the "(" that opens its parameters, outside every
   // brace and parenthesis (never a call in a parameter's array size).
   const defined = new Set();
+  const writers = new Set(); // functions with an out or inout parameter
   let depth = 0;
   let paren = 0;
   let lastName = "";
+  let writes = false;
   for (let i = 0; i < toks.length; i++) {
     const tok = toks[i];
     if (tok === "{") {
-      if (depth === 0 && i > 0 && toks[i - 1] === ")") defined.add(lastName);
+      if (depth === 0 && i > 0 && toks[i - 1] === ")") {
+        defined.add(lastName);
+        if (writes) writers.add(lastName);
+      }
       depth += 1;
     } else if (tok === "}") depth -= 1;
     else if (depth === 0 && (tok === "(" || tok === ")")) paren += tok === "(" ? 1 : -1;
+    else if (depth === 0 && paren > 0 && (tok === "out" || tok === "inout")) writes = true;
     else if (depth === 0 && paren === 0 && i + 1 < toks.length && toks[i + 1] === "(") {
-      if (isName(tok)) lastName = tok;
+      if (isName(tok)) {
+        lastName = tok;
+        writes = false;
+      }
     }
   }
   const bounds = new Map();
+  const sizes = new Map(); // inlined size in tokens of each function defined
+  const called = new Set(); // the functions called so far
   depth = 0;
   paren = 0;
   let func = null;
   lastName = "";
   let total = 0;
+  let opened = 0;
+  let inlined = 0;
+  const calls = []; // the functions whose parentheses are open (null: no name)
   const loops = []; // [variable, iterations including this loop's, depth]
   let i = 0;
   while (i < toks.length) {
@@ -304,30 +319,56 @@ export function shaderLoopBound(source, where) {
       depth += 1;
       if (depth === 1) {
         func = i > 0 && toks[i - 1] === ")" ? lastName : null;
+        if (func !== null && called.has(func)) {
+          throw fail(`function ${func} is defined after a call of ${func} (every overload must come before the calls of its name)`, pos);
+        }
         total = 0;
+        inlined = 0;
+        opened = i;
+        calls.length = 0;
       }
     } else if (tok === "}") {
       if (loops.length && loops[loops.length - 1][2] === depth) loops.pop();
       depth -= 1;
       if (depth < 0) throw fail("unbalanced braces", pos);
       if (depth === 0 && func !== null) {
-        bounds.set(func, total);
+        const size = i - opened + 1 + inlined;
+        if (size > MAX_INLINED_TOKENS) {
+          throw fail(`function ${func} inlined would hold ${size} tokens, more than the ${MAX_INLINED_TOKENS} allowed `
+            + "(every call inlines its callee)", pos);
+        }
+        // Overloads share a name and a call's overload is not known: each call counts the costliest.
+        bounds.set(func, Math.max(total, bounds.has(func) ? bounds.get(func) : 0));
+        sizes.set(func, Math.max(size, sizes.has(func) ? sizes.get(func) : 0));
         func = null;
       }
     } else if (tok === "(" || tok === ")") {
       if (depth === 0) paren += tok === "(" ? 1 : -1;
+      else if (tok === "(") calls.push(i > 0 && isName(toks[i - 1]) ? toks[i - 1] : null);
+      else if (calls.length) calls.pop();
     } else if (isName(tok)) {
       if (depth === 0 && nxt === "(") {
         if (paren === 0) lastName = tok;
       } else if (depth > 0 && nxt === "(" && defined.has(tok)) {
         if (!bounds.has(tok)) throw fail(`${tok} is called before its definition ends (recursion is not allowed)`, pos);
+        called.add(tok);
         total += mult * bounds.get(tok);
+        inlined += sizes.get(tok);
+        if (inlined > MAX_INLINED_TOKENS) {
+          throw fail(`function ${func} inlined would hold more than the ${MAX_INLINED_TOKENS} tokens allowed `
+            + "(every call inlines its callee)", pos);
+        }
       }
       for (const [v] of loops) {
         if (tok !== v) continue;
         WRITE_AFTER_RE.lastIndex = pos + tok.length;
         if (WRITE_AFTER_RE.test(text) || WRITE_BEFORE_RE.test(text.slice(Math.max(0, pos - 16), pos))) {
           throw fail(`the loop variable ${v} is written in its loop`, pos);
+        }
+        let callee = null;
+        for (let c = calls.length - 1; c >= 0 && callee === null; c--) callee = calls[c];
+        if (callee !== null && writers.has(callee)) {
+          throw fail(`the loop variable ${v} is passed to ${callee}, which has out or inout parameters (it could write it)`, pos);
         }
       }
     }
