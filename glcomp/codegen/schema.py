@@ -38,6 +38,7 @@ from glcomp.errors import GlcompError
 from glcomp.format.jsonschema import short as _short
 from glcomp.format.jsonschema import state_name_ok
 from glcomp.format.manifest import (  # noqa: F401  (the format's names, as this module always offered them)
+    DEFAULT_ENTRY_BUDGET,
     DEFAULT_LOOP_BUDGET,
     DEFAULT_TEXTURE_BUDGET,
     FORMAT,
@@ -264,6 +265,7 @@ def _swap_into_place(tmp: Path, directory: Path) -> None:
 
 
 MAX_DIMS = 32  # of a tensor's shape (numpy's limit)
+MAX_JSON_BYTES = 64 << 20  # every JSON file (and a weights file's header)
 MAX_PROGRAMS = 4096
 
 
@@ -545,13 +547,25 @@ class _Reader:
                 raise GlcompError(f"bundle shaders/: unreadable ({err.strerror})") from None
         return self.shaders_fd
 
-    def read(self, path: str) -> bytes | None:
-        """The bytes of `path` (``name`` or ``shaders/name``), or None when it does not exist."""
+    def size(self, path: str) -> int | None:
+        """The size in bytes of the regular file `path`, or None when it does not exist."""
         folder, _, name = path.rpartition("/")
         dir_fd = self.fd if not folder else self.shaders_dir()
         label = f"shader {name!r}" if folder else repr(name)
-        if dir_fd is None or self._stat(name, dir_fd, path, label) is None:
+        st = None if dir_fd is None else self._stat(name, dir_fd, path, label)
+        if st is None:
             return None
+        if not stat.S_ISREG(st.st_mode):
+            raise GlcompError(f"bundle {path} is not a regular file")
+        return st.st_size
+
+    def read(self, path: str, limit: int = MAX_JSON_BYTES) -> bytes | None:
+        """The bytes of `path` (``name`` or ``shaders/name``), or None when it does not exist;
+        a file larger than `limit` bytes is refused before it is read (its size from stat)."""
+        if self.size(path) is None:
+            return None
+        folder, _, name = path.rpartition("/")
+        dir_fd = self.fd if not folder else self.shaders_dir()
         flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         try:
             fd = os.open(name, flags, dir_fd=dir_fd)
@@ -559,15 +573,30 @@ class _Reader:
             return None
         except OSError as err:
             raise GlcompError(f"bundle {path}: unreadable ({err.strerror})") from None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise GlcompError(f"bundle {path} is not a regular file")
-            return f.read()
+            if st.st_size > limit:
+                raise GlcompError(f"bundle {path}: larger than {limit} bytes")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(limit + 1)  # the file may have grown since
+        except OSError as err:
+            raise GlcompError(f"bundle {path}: unreadable ({err.strerror})") from None
+        finally:
+            os.close(fd)
+        if len(data) > limit:
+            raise GlcompError(f"bundle {path}: larger than {limit} bytes")
+        return data
 
 
-MAX_JSON_BYTES = 64 << 20  # manifest.json, and a weights file's header
 MAX_JSON_DEPTH = 64
-_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+# The nesting pre-scan: escapes (a backslash and the character after it) removed first, then
+# strings, so no pattern repeats a group (that took ~124 bytes of memory per byte of one long
+# string); the brackets left give the depth. glcomp.js scans the same way.
+_JSON_ESCAPE = re.compile(r"\\.", re.DOTALL)
+_JSON_STRING = re.compile(r'"[^"]*"')
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
 # Weights dtypes the runtimes take: float states, integer counters (as the browser runtime).
 STATE_DTYPES = {"F32": "<f4", "F64": "<f8"}
 COUNTER_DTYPES = {"I32": "<i4", "I64": "<i8"}
@@ -597,7 +626,8 @@ def parse_json(data: bytes, where: str, browser_numbers: bool = True) -> Any:
     except UnicodeDecodeError as err:
         raise GlcompError(f"bundle {where}: not valid JSON ({err})") from None
     depth = 0
-    for mt in _JSON_NESTING.finditer(text):
+    bare = _JSON_STRING.sub("", _JSON_ESCAPE.sub("", text))
+    for mt in _JSON_BRACKET.finditer(bare):
         token = mt[0]
         if token in "[{":
             depth += 1
@@ -688,31 +718,41 @@ def read_bundle(
     *,
     texture_budget_bytes: int = DEFAULT_TEXTURE_BUDGET,
     loop_budget: int = DEFAULT_LOOP_BUDGET,
+    entry_budget: int = DEFAULT_ENTRY_BUDGET,
 ) -> Any:
     """Read and validate the bundle in `directory`; see the module docstring. Returns a Bundle
     whose manifest no longer holds ``files`` (those hashes describe the files on disk).
 
     Guarantees: any fault in the files (whatever they hold) raises GlcompError naming the file,
     and nothing else; the textures declared fit `texture_budget_bytes` and each draw's loop
-    iterations `loop_budget` (see `validate_manifest` and `check_shaders`)."""
+    iterations `loop_budget`, each entry's draws together `entry_budget` (see `validate_manifest`
+    and `check_shaders`); no file is read whole before its size is known to be within bounds."""
     reader = _Reader(directory)
     try:
-        return _read(reader, texture_budget_bytes, loop_budget)
+        return _read(reader, texture_budget_bytes, loop_budget, entry_budget)
     finally:
         reader.close()
 
 
-def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
+def weights_limit(manifest: dict[str, Any]) -> int:
+    """The most bytes the weights file of the validated `manifest` may hold: its header's
+    length and header, and 8 bytes (F64, I64) for every element of every state and counter."""
+    elements = sum(math.prod(v["layout"]["shape"]) for v in manifest["states"].values())
+    return 8 + MAX_JSON_BYTES + 8 * (elements + len(manifest["counters"]))
+
+
+def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int, entry_budget: int) -> Any:
     from glcomp.codegen.bundle import Bundle
 
     directory = reader.directory
     raw: dict[str, bytes] = {}
-    for f in FILES:
-        data = reader.read(f)
-        if data is None:
+    for f in FILES:  # both must exist; the weights are read once the manifest bounds their size
+        if reader.size(f) is None:
             raise GlcompError(f"bundle {directory}: {f} is missing")
-        raw[f] = data
-    manifest = parse_json(raw["manifest.json"], "manifest.json")
+    data = reader.read("manifest.json")
+    if data is None:
+        raise GlcompError(f"bundle {directory}: manifest.json is missing")
+    manifest = parse_json(data, "manifest.json")
     names: set[str] = set()
     if isinstance(manifest, dict):
         programs = manifest.get("programs")
@@ -741,7 +781,13 @@ def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
                 if data is not None:
                     raw[f"shaders/{name}"] = data
                     names.add(name)
-    validate_manifest(manifest, names, texture_budget_bytes=texture_budget_bytes, loop_budget=loop_budget)
+    validate_manifest(
+        manifest,
+        names,
+        texture_budget_bytes=texture_budget_bytes,
+        loop_budget=loop_budget,
+        entry_budget=entry_budget,
+    )
     if packed_shaders(manifest["version"]):
         vertex = [manifest["vertex_shader"]]
         shaders = unpack_shaders(
@@ -755,7 +801,11 @@ def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
             except UnicodeDecodeError:
                 raise GlcompError(f"bundle shaders/{n}: not UTF-8 text") from None
     check_shaders(manifest, shaders)
-    weights = parse_safetensors(raw["weights.safetensors"])
+    data = reader.read("weights.safetensors", weights_limit(manifest))
+    if data is None:
+        raise GlcompError(f"bundle {directory}: weights.safetensors is missing")
+    raw["weights.safetensors"] = data
+    weights = parse_safetensors(data)
     expected = {k: tuple(v["layout"]["shape"]) for k, v in manifest["states"].items()}
     expected |= {k: () for k in manifest["counters"]}
     missing = sorted(set(expected) - set(weights))
@@ -775,6 +825,9 @@ def _read(reader: _Reader, texture_budget_bytes: int, loop_budget: int) -> Any:
             )
         if not np.all(np.isfinite(weights[k])):
             raise GlcompError(f"bundle weights.safetensors: {k!r} holds NaN or infinite values")
+        if kind == "state" and not np.all(np.isfinite(weights[k].astype(np.float32))):
+            # the runtimes compute in float32: a float64 beyond its range would be infinite there
+            raise GlcompError(f"bundle weights.safetensors: {k!r} holds values beyond float32's range")
     manifest["hyper"] = {k: float(v) for k, v in manifest["hyper"].items()}
     program = None
     hashes = manifest.pop("files", None)

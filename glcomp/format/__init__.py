@@ -4,6 +4,7 @@ that both this package and the browser runtime use, and the manifest's validatio
 
 from glcomp.format.jsonschema import Validator, state_name_ok
 from glcomp.format.manifest import (
+    DEFAULT_ENTRY_BUDGET,
     DEFAULT_LOOP_BUDGET,
     DEFAULT_TEXTURE_BUDGET,
     EXACT_FORMATS,
@@ -22,6 +23,7 @@ from glcomp.format.manifest import (
 )
 
 __all__ = [
+    "DEFAULT_ENTRY_BUDGET",
     "DEFAULT_LOOP_BUDGET",
     "DEFAULT_TEXTURE_BUDGET",
     "EXACT_FORMATS",

@@ -35,6 +35,9 @@ TEXEL_BYTES = {"f32": 16, "f16": 8, "rgba8": 16}
 EXACT_FORMATS = ("f32", "rgba8")
 DEFAULT_TEXTURE_BUDGET = 2 << 30  # bytes of textures a bundle may declare (2 GiB)
 DEFAULT_LOOP_BUDGET = 1 << 32  # loop iterations one draw may run (bound per fragment x fragments)
+# What the draws of one entry may run together: each draw's fragments times its loop iterations
+# per fragment (at least 1: a fragment without loops still runs), summed.
+DEFAULT_ENTRY_BUDGET = 1 << 36
 WEIGHTS_FILE = "weights.safetensors"
 PROGRAM_FILE = "program.json"
 SHADERS_FILE = "shaders.json"
@@ -120,6 +123,7 @@ def validate_manifest(
     *,
     texture_budget_bytes: int = DEFAULT_TEXTURE_BUDGET,
     loop_budget: int = DEFAULT_LOOP_BUDGET,
+    entry_budget: int = DEFAULT_ENTRY_BUDGET,
 ) -> None:
     """Raise GlcompError for anything in a manifest that does not fit the schema; never raises
     anything else, whatever `m` holds. `shader_names`: the shaders present (shader files under
@@ -136,7 +140,9 @@ def validate_manifest(
     before anything is allocated: the textures' total size (16 bytes a texel, 8 for
     ``"format": "f16"``) is at most `texture_budget_bytes`, every texture is used by a state, an
     entry's inputs or outputs, or a draw, and every draw's declared loop iterations (its program's
-    ``loop_iterations`` per fragment times the viewport's fragments) are at most `loop_budget`."""
+    ``loop_iterations`` per fragment times the viewport's fragments) are at most `loop_budget`,
+    and the sum over an entry's draws of their fragments times ``max(1, loop_iterations)`` at
+    most `entry_budget` (many draws each within the budget must not add up to hours)."""
     c = _Check()
     c.need(isinstance(m, dict), "manifest must be an object")
     c.need(m.get("format") == FORMAT, f"format must be {FORMAT!r}, got {short(m.get('format'))}")
@@ -146,11 +152,16 @@ def validate_manifest(
         f"unknown format version {short(version)} (supported: {VERSIONS})",
     )
     _validator().validate(m)
-    _cross_check(c, m, shader_names, texture_budget_bytes, loop_budget)
+    _cross_check(c, m, shader_names, texture_budget_bytes, loop_budget, entry_budget)
 
 
 def _cross_check(
-    c: _Check, m: dict[str, Any], shader_names: set[str], texture_budget_bytes: int, loop_budget: int
+    c: _Check,
+    m: dict[str, Any],
+    shader_names: set[str],
+    texture_budget_bytes: int,
+    loop_budget: int,
+    entry_budget: int,
 ) -> None:
     max_size = m["target"]["max_texture_size"]
     textures = m["textures"]
@@ -258,6 +269,7 @@ def _cross_check(
                 c.need(size == want, f"entries.{entry}.outputs.{name}: a texture's size is not {want}")
         for name in e.get("updates", []):
             c.need(name in states, f"entries.{entry}.updates: unknown state {short(name)}")
+        entry_work = 0
         for i, d in enumerate(e["draws"]):
             field = f"entries.{entry}.draws[{i}]"
             c.need(d["program"] in programs, f"{field} refers to unknown program {short(d['program'])}")
@@ -300,6 +312,12 @@ def _cross_check(
                 f"{field} may run {work} loop iterations ({prog['loop_iterations']} per fragment), more "
                 f"than the budget of {loop_budget} per draw",
             )
+            entry_work += max(1, prog["loop_iterations"]) * vp[0] * span * vp[1]
+        c.need(
+            entry_work <= entry_budget,
+            f"entries.{entry}: its {len(e['draws'])} draws may run {entry_work} fragments and loop "
+            f"iterations, more than the budget of {entry_budget} per entry",
+        )
     unused = sorted(set(textures) - used)
     c.need(not unused, f"textures {short(unused)} are used by no state, input, output or draw")
     if m["version"] >= 2 or "files" in m:

@@ -14,7 +14,7 @@
 
 export { GlcompError, nextTask } from "./util.js";
 export {
-  DEFAULT_LOOP_BUDGET, DEFAULT_TEXTURE_BUDGET, EXACT_FORMATS, FORMAT, MAX_SIDE, SHADERS_FILE, TEXEL_BYTES, VERSIONS,
+  DEFAULT_ENTRY_BUDGET, DEFAULT_LOOP_BUDGET, DEFAULT_TEXTURE_BUDGET, EXACT_FORMATS, FORMAT, MAX_SIDE, SHADERS_FILE, TEXEL_BYTES, VERSIONS,
   checkShaders, shaderLoopBound, shaderPath, texelSpan, textureFormat, validateManifest,
 } from "./manifest.js";
 export {

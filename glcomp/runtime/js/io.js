@@ -25,8 +25,11 @@ export function parseJson(bytes, where) {
   } catch (err) {
     throw new GlcompError(`bundle ${where}: not valid JSON (${err.message})`);
   }
+  // Escapes removed first, then strings, then the brackets give the depth (schema.py parse_json:
+  // no pattern repeats a group, which took memory in proportion to one long string).
+  const bare = text.replace(/\\[\s\S]/g, "").replace(/"[^"]*"/g, "");
   let depth = 0;
-  for (const mt of text.matchAll(/"(?:[^"\\]|\\.)*"|[[\]{}]/g)) {
+  for (const mt of bare.matchAll(/[[\]{}]/g)) {
     const t = mt[0];
     if (t === "[" || t === "{") {
       depth += 1;
@@ -122,7 +125,7 @@ export function parseSafetensors(buffer, where = "weights.safetensors") {
   const start = 8 + lenLo;
   const dataLen = buf.byteLength - start;
   const spans = [];
-  const out = {};
+  const out = Object.create(null); // tensor names are keys ("__proto__" is a name)
   for (const [name, info] of Object.entries(header)) {
     if (name === "__metadata__") {
       if (!isObj(info) || !Object.values(info).every((v) => typeof v === "string")) throw fail("bad __metadata__");
@@ -158,7 +161,7 @@ export function parseSafetensors(buffer, where = "weights.safetensors") {
 
 /** Write tensors {name: {dtype: "F32"|"I64"|..., shape, data}} as a safetensors ArrayBuffer. */
 export function writeSafetensors(tensors) {
-  const header = {};
+  const header = Object.create(null); // names from a bundle are keys (not "__proto__"-safe in {})
   let offset = 0;
   const names = Object.keys(tensors).sort();
   for (const name of names) {
@@ -298,12 +301,19 @@ export function checkFeeds(entry, specs, given) {
   if (unknown.length) throw new GlcompError(`${entry}: unknown input names ${fmtList(unknown)}; expected ${fmtList(sortedKeys(specs))}`);
   const missing = Object.keys(specs).filter((k) => !Object.hasOwn(given, k)).sort();
   if (missing.length) throw new GlcompError(`${entry}: missing inputs ${fmtList(missing)}`);
-  const out = {};
+  const out = Object.create(null);
   for (const [name, spec] of Object.entries(specs)) out[name] = checkInput(name, spec, given[name]);
   return out;
 }
 
 // -- loading a bundle --------------------------------------------------------------------------
+/** The most bytes the weights file of the validated `manifest` may hold (schema.py weights_limit). */
+export function weightsLimit(manifest) {
+  let elements = Object.keys(manifest.counters).length;
+  for (const st of Object.values(manifest.states)) elements += prod(st.layout.shape);
+  return 8 + MAX_JSON_BYTES + 8 * elements;
+}
+
 const decodeUtf8 = (buf, where) => {
   try {
     return new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(buf);
@@ -412,8 +422,9 @@ export function allowedOrigins(allow) {
 
 /** Load and validate a bundle: {manifest, shaders, weights, counters}. Nothing is run.
  *  Accepts and rejects exactly what glcomp/codegen/schema.py read_bundle does. Options:
- *  `textureBudgetBytes` (default 2 GiB) and `loopBudget` (loop iterations per draw, default
- *  2**32) bound what the bundle may ask of the GPU; a URL must be of this page's origin unless
+ *  `textureBudgetBytes` (default 2 GiB), `loopBudget` (loop iterations per draw, default
+ *  2**32) and `entryBudget` (fragments x loop iterations summed over an entry's draws, default
+ *  2**36) bound what the bundle may ask of the GPU; a URL must be of this page's origin unless
  *  `allowOrigins` lists its origin (or is true). Files are checked against the manifest's sha256. */
 export async function loadBundle(source, options = {}) {
   let manifestBytes;
@@ -501,18 +512,21 @@ export async function loadBundle(source, options = {}) {
   }
   checkShaders(manifest, shaders);
   const weightsBytes = await weightsBuf();
+  const limit = weightsLimit(manifest);
+  if (toArrayBuffer(weightsBytes).byteLength > limit) throw new GlcompError(`bundle weights.safetensors: larger than ${limit} bytes`);
   const tensors = parseSafetensors(weightsBytes);
-  const expected = {};
-  for (const [k, st] of Object.entries(manifest.states)) expected[k] = st.layout.shape;
-  for (const k of Object.keys(manifest.counters)) expected[k] = [];
-  const missing = Object.keys(expected).filter((k) => !Object.hasOwn(tensors, k)).sort();
-  const extra = Object.keys(tensors).filter((k) => !Object.hasOwn(expected, k)).sort();
+  // Names from the bundle are keys: Maps and null-prototype objects only ("__proto__" is a name).
+  const expected = new Map();
+  for (const [k, st] of Object.entries(manifest.states)) expected.set(k, st.layout.shape);
+  for (const k of Object.keys(manifest.counters)) expected.set(k, []);
+  const missing = [...expected.keys()].filter((k) => !Object.hasOwn(tensors, k)).sort();
+  const extra = Object.keys(tensors).filter((k) => !expected.has(k)).sort();
   if (missing.length || extra.length) {
     throw new GlcompError(`bundle weights.safetensors: missing ${fmtList(missing)}, unexpected ${fmtList(extra)}`);
   }
-  const weights = {};
-  const counters = {};
-  for (const [k, shape] of Object.entries(expected)) {
+  const weights = Object.create(null);
+  const counters = Object.create(null);
+  for (const [k, shape] of expected) {
     const t = tensors[k];
     if (!sameList(t.shape, shape)) {
       throw new GlcompError(`bundle weights.safetensors: ${repr(k)} has shape ${fmtShape(t.shape)}, expected ${fmtShape(shape)}`);
@@ -532,6 +546,9 @@ export async function loadBundle(source, options = {}) {
     if (!finite) {
       throw new GlcompError(`bundle weights.safetensors: ${repr(k)} holds NaN or infinite values`);
     }
+    // The runtimes compute in float32: a float64 beyond its range would be infinite there.
+    for (let i = 0; i < values.length && finite && !isCounter; i++) finite = Number.isFinite(values[i]);
+    if (!finite) throw new GlcompError(`bundle weights.safetensors: ${repr(k)} holds values beyond float32's range`);
     if (isCounter) counters[k] = Number(t.data[0]);
     else weights[k] = values;
   }

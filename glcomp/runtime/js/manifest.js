@@ -28,6 +28,7 @@ export function texelSpan(tex) {
   return textureFormat(tex) === "rgba8" ? 4 : 1;
 }
 export const DEFAULT_LOOP_BUDGET = 2 ** 32; // loop iterations one draw may run
+export const DEFAULT_ENTRY_BUDGET = 2 ** 36; // fragments x max(1, loop iterations), summed over an entry's draws
 const MAX_SHADER_CHARS = 2 ** 20;
 const MAX_INLINED_TOKENS = 2 ** 18; // of one function with every call inlined (schema.py MAX_INLINED_TOKENS)
 const WEIGHTS_FILE = "weights.safetensors";
@@ -68,11 +69,12 @@ function checkLayout(c, lay, field, shape) {
 /** Throw GlcompError for anything in a manifest that does not fit the schema (manifest.py
  *  validate_manifest: the format and version, the structure by manifest.schema.json, then
  *  references, layouts, formats and the texture and loop budgets). `shaderNames`: the shader
- *  files present; `options`: {textureBudgetBytes, loopBudget}. */
+ *  files present; `options`: {textureBudgetBytes, loopBudget, entryBudget}. */
 export function validateManifest(m, shaderNames, options = {}) {
   const names = new Set(shaderNames);
   const textureBudget = options.textureBudgetBytes ?? DEFAULT_TEXTURE_BUDGET;
   const loopBudget = options.loopBudget ?? DEFAULT_LOOP_BUDGET;
+  const entryBudget = options.entryBudget ?? DEFAULT_ENTRY_BUDGET;
   const c = new Check();
   c.need(m !== null && typeof m === "object" && !Array.isArray(m), "manifest must be an object");
   c.need(m.format === FORMAT, `format must be '${FORMAT}', got ${short(m.format)}`);
@@ -169,6 +171,7 @@ export function validateManifest(m, shaderNames, options = {}) {
     for (const name of e.updates ?? []) {
       c.need(Object.hasOwn(states, name), `entries.${entry}.updates: unknown state ${short(name)}`);
     }
+    let entryWork = 0;
     e.draws.forEach((d, i) => {
       const field = `entries.${entry}.draws[${i}]`;
       c.need(Object.hasOwn(programs, d.program), `${field} refers to unknown program ${short(d.program)}`);
@@ -194,7 +197,10 @@ export function validateManifest(m, shaderNames, options = {}) {
       const work = prog.loop_iterations * vp[0] * (rgba8 ? 4 : 1) * vp[1]; // rgba8: 4 fragments a texel
       c.need(work <= loopBudget, `${field} may run ${work} loop iterations (${prog.loop_iterations} per fragment), `
         + `more than the budget of ${loopBudget} per draw`);
+      entryWork += Math.max(1, prog.loop_iterations) * vp[0] * (rgba8 ? 4 : 1) * vp[1];
     });
+    c.need(entryWork <= entryBudget, `entries.${entry}: its ${e.draws.length} draws may run ${entryWork} fragments and loop `
+      + `iterations, more than the budget of ${entryBudget} per entry`);
   }
   const unused = Object.keys(textures).filter((t) => !used.has(t)).sort();
   c.need(!unused.length, `textures ${short(unused)} are used by no state, input, output or draw`);

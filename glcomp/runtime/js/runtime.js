@@ -161,7 +161,7 @@ export class Runtime {
     const progs = Object.entries(m.programs);
     const outputs = maxOf(progs.map(([, p]) => p.outputs), 1);
     const samplers = maxOf(progs.map(([, p]) => p.samplers.length), 0);
-    const kernelOf = {};
+    const kernelOf = Object.create(null);
     for (const e of Object.values(m.entries)) for (const d of e.draws) kernelOf[d.program] ??= d.kernel;
     const which = (pid) => `program ${pid}${kernelOf[pid] ? ` (kernel ${kernelOf[pid]})` : ""}`;
     // Additive blending into RGBA32F needs EXT_float_blend; into RGBA16F it comes with the
@@ -356,7 +356,7 @@ export class Runtime {
     const gl = this.gl;
     const m = this.manifest;
     const shaders = this.bundle.shaders;
-    const kernelOf = {};
+    const kernelOf = Object.create(null);
     for (const e of Object.values(m.entries)) for (const d of e.draws) kernelOf[d.program] ??= d.kernel ?? d.program;
     const compile = (type, source) => {
       const sh = this._track("shaders", gl.createShader(type));
@@ -392,7 +392,7 @@ export class Runtime {
           const log = gl.getShaderParameter(frag, gl.COMPILE_STATUS) ? gl.getProgramInfoLog(prog) : gl.getShaderInfoLog(frag);
           throw this._lostOr(compileError(kernelOf[pid] || pid, shaders[p.fragment], log));
         }
-        const loc = {};
+        const loc = Object.create(null); // names from the bundle are keys: no prototype
         for (const u of [...p.samplers, ...p.uniforms, "u_page_offset"]) loc[u] = gl.getUniformLocation(prog, u);
         this.programs.set(pid, { prog, loc });
       }
@@ -667,7 +667,7 @@ export class Runtime {
   /** Loss and parameter gradients (train mode, no update): {loss, "<param>": tensor, ...}. */
   async gradients(inputs) {
     const out = await this._run("gradients", inputs);
-    const res = {};
+    const res = Object.create(null);
     for (const [k, v] of Object.entries(out)) {
       if (k.startsWith("grad:")) res[k.slice(5)] = this._tensor("gradients", k, v);
       else if (k === "loss") res.loss = v[0];
@@ -779,7 +779,7 @@ export class Runtime {
   }
 
   _snapshotSync() {
-    const weights = {};
+    const weights = Object.create(null);
     for (const [n, st] of Object.entries(this.manifest.states)) weights[n] = this._readSync(this._stateRefs(n), st.layout);
     this._kept = { steps: this.steps, counters: { ...this.counters }, weights };
   }
@@ -827,7 +827,7 @@ export class Runtime {
   /** Parameters, float buffers and counters, read back now: {name: {shape, dtype, data}}. */
   getWeights({ optimizer = false } = {}) {
     this._alive();
-    const out = {};
+    const out = Object.create(null);
     for (const [name, st] of Object.entries(this.manifest.states)) {
       if (optimizer || st.role === "param" || st.role === "buffer") {
         out[name] = { shape: [...st.layout.shape], dtype: "float32", data: this._readSync(this._stateRefs(name), st.layout) };
@@ -840,7 +840,7 @@ export class Runtime {
   }
 
   _weightShapes(optimizer) {
-    const shapes = {};
+    const shapes = Object.create(null);
     for (const [k, st] of Object.entries(this.manifest.states)) {
       if (optimizer || st.role === "param" || st.role === "buffer") shapes[k] = st.layout.shape;
     }
@@ -854,7 +854,7 @@ export class Runtime {
     const extra = Object.keys(state).filter((k) => !Object.hasOwn(shapes, k));
     if (missing.length) problems.push(`missing keys ${fmtList(missing)}`);
     if (extra.length) problems.push(`unexpected keys ${fmtList(extra)}`);
-    const values = {};
+    const values = Object.create(null);
     for (const [key, shape] of Object.entries(shapes)) {
       if (!Object.hasOwn(state, key)) continue;
       let v = state[key];
@@ -905,7 +905,7 @@ export class Runtime {
    *  optimizer state too: a complete weights.safetensors for the bundle. */
   exportSafetensors({ optimizer = false } = {}) {
     const w = this.getWeights({ optimizer });
-    const tensors = {};
+    const tensors = Object.create(null);
     for (const [k, t] of Object.entries(w)) tensors[k] = { dtype: t.dtype === "int64" ? "I64" : "F32", shape: t.shape, data: t.data };
     return writeSafetensors(tensors);
   }
