@@ -28,17 +28,31 @@ The ``onnx`` package is optional (``pip install glcomp[onnx]``): importing glcom
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from glcomp.errors import GlcompError
-from glcomp.ir.tensor import Tensor, broadcast_to, cat, const, getitem, permute, reshape, slice_axis
+from glcomp.ir.tensor import (
+    Tensor,
+    broadcast_shapes,
+    broadcast_to,
+    cat,
+    const,
+    getitem,
+    maximum,
+    minimum,
+    permute,
+    reshape,
+    slice_axis,
+    where,
+)
 from glcomp.ir.trace import active_trace
 from glcomp.nn import functional as F
 from glcomp.nn.module import Module, Parameter
@@ -70,6 +84,9 @@ _STATIC_INPUTS: dict[str, frozenset[int]] = {
     "Upsample": frozenset({1}),
     "LSTM": frozenset({4}),
     "GRU": frozenset({4}),
+    "Pad": frozenset({1, 2, 3}),
+    "Split": frozenset({1}),
+    "Tile": frozenset({1}),
 }
 _BATCHNORM_STATS = frozenset({3, 4})
 
@@ -114,7 +131,7 @@ class OnnxModule(Module):
     ``forward(**inputs)`` returns one tensor for a one-output graph, else a tuple in the graph's
     output order."""
 
-    def __init__(self, model: Any, source: str) -> None:
+    def __init__(self, model: Any, source: str, constants: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         from onnx import numpy_helper
 
@@ -141,8 +158,9 @@ class OnnxModule(Module):
         taken: set[str] = set()
         self._inputs: dict[str, str] = {}  # ONNX input name -> forward() argument name
         self.input_shapes: dict[str, tuple[int | None, ...]] = {}
+        bound = _bound_inputs(graph, initializers, constants or {}, source)
         for value in graph.input:
-            if value.name in initializers:
+            if value.name in initializers or value.name in bound:
                 continue
             arg = _identifier(value.name, taken)
             taken.add(arg)
@@ -151,7 +169,7 @@ class OnnxModule(Module):
             self.input_shapes[arg] = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
         self.input_names = list(self._inputs.values())
         self._state: dict[str, str] = {}  # ONNX initializer name -> parameter or buffer name
-        self._constants: dict[str, np.ndarray] = {}
+        self._constants: dict[str, np.ndarray] = dict(bound)
         for name, proto in initializers.items():
             array = numpy_helper.to_array(proto)
             is_float = proto.data_type in _FLOAT_TYPES
@@ -230,8 +248,13 @@ class OnnxModule(Module):
 
 
 # -- loading ---------------------------------------------------------------------------------------
-def load(path: str | os.PathLike[str]) -> OnnxModule:
+def load(path: str | os.PathLike[str], constants: Mapping[str, Any] | None = None) -> OnnxModule:
     """Load an ONNX file as a trainable glcomp Module (see the module docstring for the mapping).
+
+    `constants` binds graph inputs (by ONNX name) to fixed values: they become compile-time
+    constants and leave ``input_names``. Shapes are static in a glcomp program, so an input that
+    decides a shape (Expand's or Reshape's shape fed as a graph input, as ONNX's
+    ``test_expand_shape_model*``) must be bound this way.
 
     The file is validated with ``onnx.checker``; tensors stored as external data must lie inside
     the model's directory (no absolute paths, no ``..``, no symbolic link out). Every node's op
@@ -280,7 +303,45 @@ def load(path: str | os.PathLike[str]) -> OnnxModule:
             raise GlcompError(f"{source}: cannot read external data ({err})") from None
     if len(model.graph.output) == 0:
         raise GlcompError(f"{source}: the ONNX graph has no outputs")
-    return OnnxModule(model, source)
+    return OnnxModule(model, source, constants)
+
+
+_NUMPY_TYPES = {1: np.float32, 6: np.int32, 7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64}
+
+
+def _bound_inputs(
+    graph: Any, initializers: Mapping[str, Any], constants: Mapping[str, Any], source: str
+) -> dict[str, np.ndarray]:
+    """The graph inputs `constants` binds, as arrays of the declared type and shape."""
+    declared = {v.name: v for v in graph.input if v.name not in initializers}
+    unknown = sorted(set(constants) - set(declared))
+    if unknown:
+        raise GlcompError(
+            f"{source}: constants names {unknown}, which are not graph inputs; inputs: {sorted(declared)}"
+        )
+    out: dict[str, np.ndarray] = {}
+    for name, value in constants.items():
+        tensor_type = declared[name].type.tensor_type
+        dtype = _NUMPY_TYPES.get(tensor_type.elem_type)
+        if dtype is None:
+            raise GlcompError(f"{source}: input {name!r} has ONNX type {tensor_type.elem_type}, not a number")
+        array = np.asarray(value)
+        if (
+            array.dtype.kind in "fc"
+            and np.dtype(dtype).kind in "iub"
+            and not np.all(array == np.round(array))
+        ):
+            raise GlcompError(f"{source}: constant for the integer input {name!r} holds non-integers")
+        array = array.astype(dtype)
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        fixed = zip(dims, array.shape)
+        if len(dims) != array.ndim or any(d is not None and d != s for d, s in fixed):
+            raise GlcompError(
+                f"{source}: constant for input {name!r} has shape {array.shape} but the model declares "
+                f"{tuple('?' if d is None else d for d in dims)}"
+            )
+        out[name] = array.astype(np.float32) if np.dtype(dtype).kind == "f" else array
+    return out
 
 
 def _initializer_slots(nodes: Sequence[_Node], initializers: set[str]) -> dict[str, set[str]]:
@@ -418,14 +479,51 @@ def _binary(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
 
 @_op("Pow")
 def _pow(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
-    if not isinstance(x[0], Tensor):
-        if isinstance(x[1], Tensor):
-            raise node.fail("a tensor exponent with a constant base is not supported")
-        return [np.power(np.asarray(x[0]), np.asarray(x[1]))]
-    exponent = _static(x[1], "the exponent")
-    if exponent.size != 1:
-        raise node.fail(f"the exponent must be a scalar, got shape {exponent.shape}")
-    return [x[0].pow(float(exponent.reshape(-1)[0]))]
+    """A scalar constant exponent: Tensor.pow (repeated products for integers). A tensor
+    exponent (computed, or a constant array): |base|^e = exp(e log |base|), with 1 where e == 0,
+    0 where base == 0 < e, the sign (-1)^e where base < 0 and e is an integer, and
+    exp(e log base) where base < 0 and e is not: NaN, the log of a negative number, and +inf for
+    0 ** e < 0 (as numpy's float pow, but for the sign of -0.0). Integers are told apart from
+    fractions by rounding, exactly for |e| < 2**22."""
+    base, exponent = x[0], x[1]
+    if not isinstance(base, Tensor) and not isinstance(exponent, Tensor):
+        return [np.power(np.asarray(base), np.asarray(exponent))]
+    if not isinstance(exponent, Tensor) and np.size(exponent) == 1:
+        return [base.pow(float(np.asarray(exponent).reshape(-1)[0]))]
+    graph = _graph_of(x)
+    b, e = _tensor(base, graph), _tensor(exponent, graph)
+    shape = broadcast_shapes(b.shape, e.shape)
+    b, e = broadcast_to(b, shape), broadcast_to(e, shape)
+    return [_tensor_pow(b, e)]
+
+
+_ROUND = 12582912.0  # 1.5 * 2**23: (v + _ROUND) - _ROUND rounds a float32 |v| < 2**22 to an integer
+
+
+def _rounded(v: Tensor) -> Tensor:
+    """v rounded to an integer where |v| < 2**22. The maximum between the two additions keeps
+    shader compilers from folding (v + c) - c back to v (they may reassociate floats)."""
+    return (maximum(v + _ROUND, _ROUND - 2.0**23) - _ROUND).detach()
+
+
+def _tensor_pow(b: Tensor, e: Tensor) -> Tensor:
+    from glcomp.ir.tensor import eq, gt, lt
+
+    magnitude = (b.abs().log() * e).exp()
+    whole = eq(_rounded(e), e)  # e is an integer (every float32 beyond 2**22 is one)
+    half = e * 0.5
+    odd = whole * (1.0 - eq(_rounded(half), half))
+    sign = where(odd, -1.0, 1.0)
+    # Not an integer: exp(e log b), NaN from the log of a negative number (no NaN constants).
+    negative = where(whole, magnitude * sign, (b.log() * e).exp())
+    out = where(lt(b, 0.0), negative, magnitude)
+    out = where(eq(b, 0.0) * gt(e, 0.0), 0.0, out)
+    # 0 ** negative: +inf, as the product of two large finite constants (a shader's literal
+    # infinity is clamped to a finite value).
+    pole = eq(b, 0.0) * lt(e, 0.0)
+    big = where(pole, 3.0e38, 1.0)
+    out = where(pole, big * big, out)
+    return where(eq(e, 0.0), 1.0, out)
 
 
 _UNARY: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np.ndarray]]] = {
@@ -439,6 +537,9 @@ _UNARY: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np.nd
     "Relu": (F.relu, lambda a: np.maximum(a, 0)),
     "Sigmoid": (F.sigmoid, lambda a: 1 / (1 + np.exp(-a))),
     "Tanh": (F.tanh, np.tanh),
+    "Sign": (lambda t: t.sign(), np.sign),
+    "Softplus": (F.softplus, lambda a: np.logaddexp(0, a).astype(a.dtype)),
+    "Softsign": (lambda t: t / (1.0 + t.abs()), lambda a: a / (1 + np.abs(a))),
 }
 
 
@@ -459,6 +560,85 @@ def _need_tensor(node: _Node, value: Any) -> Tensor:
 @_op("LeakyRelu")
 def _leaky_relu(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     return [F.leaky_relu(_need_tensor(node, x[0]), float(node.attr("alpha", 0.01)))]
+
+
+@_op("Elu", "Selu", "Celu")
+def _elu(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    t = _need_tensor(node, x[0])
+    if node.op == "Elu":
+        return [F.elu(t, float(node.attr("alpha", 1.0)))]
+    if node.op == "Celu":
+        alpha = float(node.attr("alpha", 1.0))
+        return [F.elu(t * (1.0 / alpha), 1.0) * alpha]
+    alpha = float(node.attr("alpha", 1.67326319217681884765625))
+    gamma = float(node.attr("gamma", 1.05070102214813232421875))
+    return [F.elu(t, alpha) * gamma]
+
+
+@_op("PRelu")
+def _prelu(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    """x where x >= 0, slope * x elsewhere; the slope broadcasts to x (before opset 7 a 1-D slope
+    of C values is per channel, axis 1)."""
+    from glcomp.ir.tensor import lt
+
+    t = _need_tensor(node, x[0])
+    slope = x[1]
+    shape = _shape(slope)
+    if m._opset < 7 and len(shape) == 1 and t.ndim > 2 and shape[0] == t.shape[1]:
+        slope = _reshape_any(slope, (shape[0],) + (1,) * (t.ndim - 2))
+    slope = slope if isinstance(slope, Tensor) or np.ndim(slope) == 0 else _tensor(slope, t.graph)
+    slope = float(slope) if not isinstance(slope, Tensor) else slope
+    if isinstance(slope, Tensor) and broadcast_shapes(t.shape, slope.shape) != t.shape:
+        raise node.fail(f"the slope of shape {slope.shape} does not broadcast to the input's {t.shape}")
+    return [where(lt(t, 0.0), t * slope, t)]
+
+
+@_op("Shrink")
+def _shrink(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    from glcomp.ir.tensor import gt, lt
+
+    t = _need_tensor(node, x[0])
+    lambd, bias = float(node.attr("lambd", 0.5)), float(node.attr("bias", 0.0))
+    return [where(lt(t, -lambd), t + bias, where(gt(t, lambd), t - bias, 0.0))]
+
+
+@_op("HardSigmoid")
+def _hard_sigmoid(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    t = _need_tensor(node, x[0])
+    alpha, beta = float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
+    return [(t * alpha + beta).clamp(0.0, 1.0)]
+
+
+# -- variadic elementwise --------------------------------------------------------------------------
+_VARIADIC: dict[str, tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any]]] = {
+    "Sum": (lambda a, b: a + b, np.add),
+    "Mean": (lambda a, b: a + b, np.add),
+    "Max": (maximum, np.maximum),
+    "Min": (minimum, np.minimum),
+}
+
+
+@_op(*_VARIADIC)
+def _variadic(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    """Sum / Mean / Max / Min of any number of inputs, with numpy broadcasting, folded pairwise."""
+    symbolic, numeric = _VARIADIC[node.op]
+    parts = [v for v in x if v is not None]
+    if not parts:
+        raise node.fail("needs at least one input")
+    acc = parts[0]
+    for v in parts[1:]:
+        if isinstance(acc, Tensor) or isinstance(v, Tensor):
+            acc = symbolic(*_operands(acc, v))
+        else:
+            acc = numeric(np.asarray(acc), np.asarray(v))
+    if node.op == "Mean" and len(parts) > 1:
+        acc = acc * (1.0 / len(parts)) if isinstance(acc, Tensor) else acc / len(parts)
+    if isinstance(acc, Tensor):
+        shape = ()
+        for v in parts:
+            shape = broadcast_shapes(shape, _shape(v))
+        acc = broadcast_to(acc, shape)
+    return [acc]
 
 
 @_op("Gelu")
@@ -550,7 +730,50 @@ def _conv_attrs(node: _Node) -> tuple[tuple[int, int], tuple[int, int], int]:
     return (strides[0], strides[1]), (dilations[0], dilations[1]), int(node.attr("group", 1))
 
 
+# 1-D Conv / ConvTranspose / pools run as 2-D ones over (N, C, 1, L): a unit height, kernel 1,
+# stride 1, dilation 1 and no padding along it; the weight (O, I, k) is viewed as (O, I, 1, k).
+_UNIT_AXIS = {"kernel_shape": 1, "strides": 1, "dilations": 1, "output_padding": 0}
+
+
+def _unit_height(node: _Node) -> _Node:
+    twin = copy.copy(node)
+    attrs = dict(node.attrs)
+    for key, unit in _UNIT_AXIS.items():
+        if key in attrs:
+            values = [int(v) for v in attrs[key]]
+            if len(values) != 1:
+                raise node.fail(f"{key} {values} must hold one value for a 1-D input")
+            attrs[key] = [unit, *values]
+    if "pads" in attrs:
+        pads = [int(v) for v in attrs["pads"]]
+        if len(pads) != 2:
+            raise node.fail(f"pads {pads} must hold two values for a 1-D input")
+        attrs["pads"] = [0, pads[0], 0, pads[1]]
+    if "output_shape" in attrs:
+        attrs["output_shape"] = [1, *[int(v) for v in attrs["output_shape"]][-1:]]
+    twin.attrs = attrs
+    return twin
+
+
+def _one_d(handler: Handler) -> Handler:
+    """Run `handler` on a 3-D (N, C, L) input as on (N, C, 1, L) and drop the unit axis again."""
+
+    def run(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+        t = x[0]
+        if not isinstance(t, Tensor) or t.ndim != 3:
+            return handler(m, node, x)
+        args = [reshape(t, t.shape[:2] + (1,) + t.shape[2:]), *x[1:]]
+        if node.op in ("Conv", "ConvTranspose") and len(args) > 1 and len(_shape(args[1])) == 3:
+            w = _shape(args[1])
+            args[1] = _reshape_any(args[1], w[:2] + (1,) + w[2:])
+        out = handler(m, _unit_height(node), args)
+        return [reshape(v, v.shape[:2] + v.shape[3:]) if isinstance(v, Tensor) else v for v in out]
+
+    return run
+
+
 @_op("Conv")
+@_one_d
 def _conv(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     t = _need_tensor(node, x[0])
     _spatial_checks(node, t, dilated=True)
@@ -565,6 +788,7 @@ def _conv(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
 
 
 @_op("ConvTranspose")
+@_one_d
 def _conv_transpose(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     """ONNX's ConvTranspose: symmetric pads map onto F.conv_transpose2d; asymmetric pads and
     ``output_shape`` scatter onto the unpadded extent and crop (zero-extending past it)."""
@@ -609,26 +833,111 @@ def _conv_transpose(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     return [y if bias is None else y + reshape(bias, (1, -1, 1, 1))]
 
 
+_LOWEST = -3.4028234663852886e38  # float32's most negative finite value: max pooling's padding
+
+
+def _explicit_pads(node: _Node) -> list[int]:
+    auto = node.attr("auto_pad", "NOTSET")
+    if auto not in ("NOTSET", "VALID"):
+        raise node.fail(f"auto_pad={auto!r} is not supported; export with explicit pads")
+    pads = [int(p) for p in node.attr("pads", [0, 0, 0, 0])] if auto == "NOTSET" else [0, 0, 0, 0]
+    if len(pads) != 4 or min(pads) < 0:
+        raise node.fail(f"only 1-D and 2-D spatial inputs with pads >= 0 are supported, got pads {pads}")
+    return pads
+
+
 @_op("MaxPool", "AveragePool")
+@_one_d
 def _pool(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    """Symmetric pads of at most half the kernel go to the pool primitives; other pads are
+    explicit: edge values for MaxPool (every window holds an input element, so its maximum is
+    unchanged), zeros for AveragePool (count_include_pad=0 divides by the count of input
+    elements: the same pool over ones). Dilated MaxPool samples every d-th element when the
+    stride is a multiple of the dilation and pools that."""
     t = _need_tensor(node, x[0])
-    _spatial_checks(node, t)
+    if t.ndim != 4:
+        raise node.fail(
+            f"only 1-D and 2-D spatial inputs (N, C, L) / (N, C, H, W) are supported, got {t.shape}"
+        )
     if int(node.attr("ceil_mode", 0)):
         raise node.fail("ceil_mode=1 is not supported")
     kernel = tuple(int(k) for k in node.attr("kernel_shape"))
     stride = tuple(int(s) for s in node.attr("strides", [1, 1]))
-    padding, prelude = _pads_2d(node, t)
-    if prelude is not None:
-        raise node.fail(f"asymmetric pads {node.attr('pads')} are not supported for pooling")
+    dilation = tuple(int(d) for d in node.attr("dilations", [1, 1]))
+    if len(kernel) != 2 or len(stride) != 2 or len(dilation) != 2:
+        raise node.fail(f"kernel_shape {list(kernel)} / strides {list(stride)} do not match a 2-D input")
+    pads = _explicit_pads(node)
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilation)]
+    out = [
+        (n + pads[i] + pads[i + 2] - e) // s + 1
+        for i, (n, e, s) in enumerate(zip(t.shape[2:], extent, stride))
+    ]
+    if min(out) < 1:
+        raise node.fail(f"the window {extent} is larger than the padded input {t.shape[2:]} (pads {pads})")
+    symmetric = pads[:2] == pads[2:] and all(2 * p <= k for p, k in zip(pads[:2], kernel))
     if node.op == "MaxPool":
-        return [
-            F.max_pool2d(t, kernel, stride, padding),
-            _Unsupported(f"the indices of MaxPool {node.name!r}"),
-        ]
-    y = F.avg_pool2d(t, kernel, stride, padding)
-    if any(padding) and not int(node.attr("count_include_pad", 0)):
-        y = y / F.avg_pool2d(const(t.graph, 1.0, t.shape), kernel, stride, padding)
+        indices = _Unsupported(f"the indices of MaxPool {node.name!r}")
+        if dilation == (1, 1) and symmetric:
+            return [F.max_pool2d(t, kernel, stride, tuple(pads[:2])), indices]
+        return [_max_pool_explicit(node, t, kernel, stride, dilation, pads, out), indices]
+    if dilation != (1, 1):
+        raise node.fail(f"dilations {list(dilation)} are not supported for AveragePool")
+    count_pad = int(node.attr("count_include_pad", 0))
+    if symmetric:
+        padding = tuple(pads[:2])
+        y = F.avg_pool2d(t, kernel, stride, padding)
+        if any(padding) and not count_pad:
+            y = y / F.avg_pool2d(const(t.graph, 1.0, t.shape), kernel, stride, padding)
+        return [y]
+    begins, ends = [0, 0, *pads[:2]], [0, 0, *pads[2:]]
+    y = F.avg_pool2d(_pad_constant(t, begins, ends, 0.0), kernel, stride, 0)
+    if not count_pad:
+        y = y / F.avg_pool2d(
+            _pad_constant(const(t.graph, 1.0, t.shape), begins, ends, 0.0), kernel, stride, 0
+        )
     return [y]
+
+
+def _max_pool_explicit(
+    node: _Node,
+    t: Tensor,
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    dilation: tuple[int, ...],
+    pads: list[int],
+    out: list[int],
+) -> Tensor:
+    for i, n in enumerate(t.shape[2:]):
+        starts = np.arange(out[i])[:, None] * stride[i] + np.arange(kernel[i])[None, :] * dilation[i]
+        real = (starts >= pads[i]) & (starts < pads[i] + n)
+        if not real.any(axis=1).all():
+            raise node.fail(f"pads {pads} leave a pooling window without input elements")
+    if dilation == (1, 1):
+        y = t
+        for i in range(2):
+            if pads[i] or pads[i + 2]:
+                y = _pad_axis(node, y, i + 2, pads[i], pads[i + 2], "edge")
+        return F.max_pool2d(y, kernel, stride, 0)
+    if any(s % d for s, d in zip(stride, dilation)):
+        raise node.fail(
+            f"dilations {list(dilation)} are supported only for strides that are multiples ({list(stride)})"
+        )
+    begins, ends = [0, 0, *pads[:2]], [0, 0, *pads[2:]]
+    inside = _pad_constant(const(t.graph, 1.0, t.shape), begins, ends, 0.0)
+    y = where(inside, _pad_constant(t, begins, ends, 0.0), _LOWEST)
+    for i, d in enumerate(dilation):
+        if d == 1:
+            continue
+        axis, n = i + 2, y.shape[i + 2]
+        cells = -(-n // d)
+        y = _pad_constant(y, [0] * 4, [cells * d - n if a == axis else 0 for a in range(4)], 0.0)
+        split = y.shape[:axis] + (cells, d) + y.shape[axis + 1 :]
+        y = slice_axis(reshape(y, split), axis + 1, 0, 1)
+        y = reshape(y, split[:axis] + (cells,) + split[axis + 2 :])
+    y = F.max_pool2d(y, kernel, tuple(s // d for s, d in zip(stride, dilation)), 0)
+    for i in range(2):
+        y = slice_axis(y, i + 2, 0, out[i])
+    return y
 
 
 @_op("GlobalAveragePool", "GlobalMaxPool")
@@ -815,6 +1124,42 @@ def _layer_norm(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     ]
 
 
+@_op("InstanceNormalization")
+def _instance_norm(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    """(x - mean) / sqrt(var + epsilon) * scale + B over the spatial axes of each (n, c)."""
+    t = _need_tensor(node, x[0])
+    if t.ndim < 3:
+        raise node.fail(f"input must be (N, C, D1, ...), got {t.shape}")
+    c = t.shape[1]
+    scale, bias = _tensor(x[1], t.graph), _tensor(x[2], t.graph)
+    for what, v in (("scale", scale), ("B", bias)):
+        if v.shape != (c,):
+            raise node.fail(f"{what} must have shape ({c},), got {v.shape}")
+    y = F.batch_norm_train(t, tuple(range(2, t.ndim)), float(node.attr("epsilon", 1e-5)))[0]
+    shape = (c,) + (1,) * (t.ndim - 2)
+    return [y * reshape(scale, shape) + reshape(bias, shape)]
+
+
+@_op("LRN")
+def _lrn(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    """x / (bias + alpha / size * sum of x^2 over the channels c - (size-1)//2 .. c + size//2)^beta,
+    the sum over `size` shifted slices of the zero-padded squares."""
+    t = _need_tensor(node, x[0])
+    if t.ndim < 3:
+        raise node.fail(f"input must be (N, C, D1, ...), got {t.shape}")
+    size = int(node.attr("size", 0))
+    if size < 1:
+        raise node.fail(f"size must be positive, got {size}")
+    alpha, beta = float(node.attr("alpha", 1e-4)), float(node.attr("beta", 0.75))
+    bias = float(node.attr("bias", 1.0))
+    c, lo = t.shape[1], (size - 1) // 2
+    squares = _pad_constant(t * t, [0, lo] + [0] * (t.ndim - 2), [0, size - 1 - lo] + [0] * (t.ndim - 2), 0.0)
+    total = slice_axis(squares, 1, 0, c)
+    for k in range(1, size):
+        total = total + slice_axis(squares, 1, k, k + c)
+    return [t / (total * (alpha / size) + bias).pow(beta)]
+
+
 @_op("Dropout")
 def _dropout(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     ratio = float(node.attr("ratio", 0.5))
@@ -919,9 +1264,22 @@ def _slice(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
 
 @_op("Gather")
 def _gather(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
-    indices = _static(x[1], "the indices").astype(np.int64)
+    """Constant indices: slices and concatenation. Computed indices (fed as numbers) along axis 0:
+    F.embedding, one_hot(indices) @ data, with negative indices counted from the end; an index
+    outside [-size, size) reads a row of zeros (ONNX leaves it undefined)."""
     shape = _shape(x[0])
     axis = _axis(int(node.attr("axis", 0)), len(shape), node)
+    if isinstance(x[1], Tensor):
+        if axis != 0:
+            raise node.fail(f"computed indices are supported along axis 0 only, not axis {axis}")
+        from glcomp.ir.tensor import lt
+
+        ids, size = x[1], shape[0]
+        ids = where(lt(ids, 0.0), ids + float(size), ids)
+        data = _tensor(x[0], ids.graph)
+        rows = F.embedding(ids, reshape(data, (size, math.prod(shape[1:]))))
+        return [reshape(rows, ids.shape + shape[1:])]
+    indices = _static(x[1], "the indices").astype(np.int64)
     size = shape[axis]
     if np.any(indices < -size) or np.any(indices >= size):
         raise node.fail(f"indices {indices.tolist()} out of range for axis {axis} of size {size}")
@@ -971,6 +1329,135 @@ def _expand(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     if not isinstance(x[0], Tensor):
         return [np.broadcast_to(np.asarray(x[0]), out).copy()]
     return [broadcast_to(x[0], out)]
+
+
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+
+
+@_op("Pad")
+def _pad(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    """Pad (constant with any value, reflect, edge, wrap) per axis; negative pads crop."""
+    shape = _shape(x[0])
+    mode = node.attr("mode", "constant")
+    if mode not in _PAD_MODES:
+        raise node.fail(f"mode {mode!r} is not supported (constant, reflect, edge, wrap)")
+    if m._opset >= 11:
+        pads = _ints(x[1], "pads") if len(x) > 1 and x[1] is not None else []
+        value = x[2] if len(x) > 2 and x[2] is not None and np.size(x[2]) else 0.0
+        value = float(np.asarray(_static(value, "constant_value")).reshape(-1)[0])
+        axes = _ints(x[3], "axes") if len(x) > 3 and x[3] is not None else list(range(len(shape)))
+    else:
+        pads = [int(p) for p in node.attr("pads", node.attr("paddings", []))]
+        value, axes = float(node.attr("value", 0.0)), list(range(len(shape)))
+    axes = [_axis(a, len(shape), node) for a in axes]
+    if len(pads) != 2 * len(axes) or len(set(axes)) != len(axes):
+        raise node.fail(f"pads {pads} must hold a begin and an end for each of the axes {axes}")
+    begins, ends = [0] * len(shape), [0] * len(shape)
+    for k, a in enumerate(axes):
+        begins[a], ends[a] = pads[k], pads[k + len(axes)]
+    if not isinstance(x[0], Tensor):
+        array = np.asarray(x[0])
+        index = tuple(slice(max(-b, 0), n - max(-e, 0)) for b, e, n in zip(begins, ends, shape))
+        array = array[index]
+        widths = [(max(b, 0), max(e, 0)) for b, e in zip(begins, ends)]
+        kw = {"constant_values": value} if mode == "constant" else {}
+        return [np.pad(array, widths, mode=_PAD_MODES[mode], **kw)]
+    t = x[0]
+    for a, (b, e) in enumerate(zip(begins, ends)):
+        if b < 0 or e < 0:
+            start, stop = max(-b, 0), shape[a] - max(-e, 0)
+            if stop <= start:
+                raise node.fail(f"pads {pads} crop axis {a} of size {shape[a]} to nothing")
+            t = slice_axis(t, a, start, stop)
+    begins, ends = [max(b, 0) for b in begins], [max(e, 0) for e in ends]
+    if mode == "constant":
+        return [_pad_constant(t, begins, ends, value)]
+    for a, (b, e) in enumerate(zip(begins, ends)):
+        if b or e:
+            t = _pad_axis(node, t, a, b, e, mode)
+    return [t]
+
+
+def _pad_constant(t: Tensor, begins: Sequence[int], ends: Sequence[int], value: float) -> Tensor:
+    """Zero padding (the pad primitive), then `value` where the padding is."""
+    if not any(begins) and not any(ends):
+        return t
+    flat = [p for b, e in zip(reversed(begins), reversed(ends)) for p in (b, e)]
+    padded = F.pad(t, flat)
+    if value == 0.0:
+        return padded
+    inside = F.pad(const(t.graph, 1.0, t.shape), flat)
+    return where(inside, padded, value)
+
+
+def _pad_axis(node: _Node, t: Tensor, axis: int, before: int, after: int, mode: str) -> Tensor:
+    """Reflect, edge or wrap padding of one axis from slices and concatenation."""
+    n = t.shape[axis]
+    if mode == "reflect":
+        if max(before, after) >= n:
+            raise node.fail(
+                f"reflect pads ({before}, {after}) must be smaller than the size {n} of axis {axis}"
+            )
+        head = [slice_axis(t, axis, i, i + 1) for i in range(before, 0, -1)]
+        tail = [slice_axis(t, axis, n - 2 - j, n - 1 - j) for j in range(after)]
+    elif mode == "edge":
+        grow = [s if i != axis else 0 for i, s in enumerate(t.shape)]
+
+        def edge(i: int, k: int) -> list[Tensor]:
+            if not k:
+                return []
+            grow[axis] = k
+            return [broadcast_to(slice_axis(t, axis, i, i + 1), tuple(grow))]
+
+        head, tail = edge(0, before), edge(n - 1, after)
+    else:  # wrap
+        if max(before, after) > n:
+            raise node.fail(f"wrap pads ({before}, {after}) must be at most the size {n} of axis {axis}")
+        head = [slice_axis(t, axis, n - before, n)] if before else []
+        tail = [slice_axis(t, axis, 0, after)] if after else []
+    return cat(head + [t] + tail, axis)
+
+
+@_op("Split")
+def _split(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    shape = _shape(x[0])
+    axis = _axis(int(node.attr("axis", 0)), len(shape), node)
+    size = shape[axis]
+    if len(x) > 1 and x[1] is not None:
+        sizes = _ints(x[1], "split")
+    elif node.attr("split") is not None:
+        sizes = [int(v) for v in node.attr("split")]
+    else:
+        parts = int(node.attr("num_outputs", len(node.outputs)))
+        chunk = -(-size // parts)
+        sizes = [min(chunk, size - k * chunk) for k in range(parts)]
+        if m._opset < 18 and size % parts:
+            raise node.fail(f"axis {axis} of size {size} does not split into {parts} equal parts")
+    if sum(sizes) != size or min(sizes, default=0) < 0 or len(sizes) != len(node.outputs):
+        raise node.fail(
+            f"split sizes {sizes} must be {len(node.outputs)} sizes adding up to {size} (axis {axis})"
+        )
+    out, at = [], 0
+    for n in sizes:
+        if isinstance(x[0], Tensor):
+            if n == 0:
+                raise node.fail("empty split outputs are not supported")
+            out.append(slice_axis(x[0], axis, at, at + n))
+        else:
+            out.append(np.take(np.asarray(x[0]), range(at, at + n), axis=axis))
+        at += n
+    return out
+
+
+@_op("Tile")
+def _tile(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+    repeats = _ints(x[1], "repeats")
+    shape = _shape(x[0])
+    if len(repeats) != len(shape) or min(repeats, default=1) < 1:
+        raise node.fail(f"repeats {repeats} must be one positive count per axis of {shape}")
+    if not isinstance(x[0], Tensor):
+        return [np.tile(np.asarray(x[0]), repeats)]
+    return [x[0] if all(r == 1 for r in repeats) else x[0].repeat(*repeats)]
 
 
 # -- constants and shapes --------------------------------------------------------------------------
