@@ -20,6 +20,15 @@ The module trains like any other (``glcomp.compile(model, {"x": shape}, loss, op
 - LSTM and GRU nodes unroll over time like ``glcomp.nn.LSTM`` / ``GRU``; their W, R and B
   initializers stay parameters in ONNX layout (gate blocks i o f c and z r h), regrouped into
   torch's gate order by slices inside the traced graph.
+- Ops with no primitive of their own are compositions of primitives: Pad (reflect, edge, wrap) of
+  slices and concatenation, Split and Tile of slices and broadcasts, LRN of shifted channel
+  slices, InstanceNormalization of reductions; 1-D Conv, ConvTranspose, MaxPool and AveragePool
+  run as 2-D ones over a unit height; asymmetric pooling pads are explicit padding (edge values
+  for MaxPool), dilated MaxPool samples every d-th element (strides a multiple of the dilation).
+- glcomp computes in float32. Float64 (and float16) inputs and initializers are cast to float32:
+  results agree with float64 references to about 1e-6 relative per operation, and an input value
+  beyond float32's range is refused by the runtimes. Integer inputs (Gather's indices) are fed
+  as numbers.
 
 The ``onnx`` package is optional (``pip install glcomp[onnx]``): importing glcomp never imports it;
 `load` imports it and raises GlcompError when it is missing. The file is checked with
