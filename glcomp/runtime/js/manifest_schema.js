@@ -35,6 +35,12 @@ export default {
       "propertyNames": {
         "$ref": "#/$defs/name"
       },
+      "properties": {
+        "lr": {
+          "type": "number",
+          "minimum": 0
+        }
+      },
       "additionalProperties": {
         "type": "number"
       }
@@ -552,7 +558,7 @@ export default {
         "page_offset": {
           "type": "integer",
           "minimum": 0,
-          "maximum": 1099511627776
+          "maximum": 2147483647
         },
         "blend": {
           "type": "boolean"

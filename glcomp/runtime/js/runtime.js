@@ -820,7 +820,9 @@ export class Runtime {
   }
 
   setLr(lr) {
-    if (typeof lr !== "number" || !Number.isFinite(lr)) throw new GlcompError(`setLr: expected a finite number, got ${repr(lr)}`);
+    if (typeof lr !== "number" || !Number.isFinite(lr) || lr < 0) {
+      throw new GlcompError(`setLr: expected a finite number >= 0, got ${repr(lr)}`);
+    }
     this.hyper.lr = lr;
   }
 
