@@ -19,6 +19,18 @@ from glcomp.runtime.feeds import check_feeds
 ENTRY_POINTS = ("predict", "gradients", "train_step")
 PROGRAM_FORMAT = "glcomp-program"
 _INPUT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# Graph outputs that update a state, by prefix: the role of the state they update.
+_UPDATES = {"param": "param", "buffer": "buffer", "state": "state"}
+# The elements all nodes of one graph of program.json may hold together (the reference
+# interpreter keeps them: 2 GiB of float32).
+MAX_GRAPH_ELEMENTS = 1 << 29
+
+
+def _is_number(v: Any) -> bool:
+    """A finite int or float (not a bool, a string or a list), or a nested list of them."""
+    if isinstance(v, list):
+        return all(_is_number(x) for x in v)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True)
@@ -346,6 +358,41 @@ class Program:
                     g.shape(n) == shapes[name],
                     f"graphs.{entry}: input {name!r} has shape {g.shape(n)}, expected {shapes[name]}",
                 )
+            # Outputs: the manifest's (same shapes), and state updates of the states' shapes.
+            outs = m["entries"][entry]["outputs"]
+            plain = {k: n for k, n in g.outputs.items() if k.split(":", 1)[0] not in _UPDATES}
+            need(
+                sorted(plain) == sorted(outs),
+                f"graphs.{entry}: outputs {sorted(plain)} != the manifest's {sorted(outs)}",
+            )
+            need(bool(plain), f"graphs.{entry}: no outputs")
+            need(entry == "predict" or "loss" in plain, f"graphs.{entry}: no loss output")
+            for k, n in g.outputs.items():
+                want = tuple(outs[k]["layout"]["shape"]) if k in plain else None
+                if k not in plain:
+                    kind, _, name = k.partition(":")
+                    need(
+                        name in roles and roles[name] == _UPDATES[kind],
+                        f"graphs.{entry}: output {k!r} updates no {_UPDATES[kind]} state",
+                    )
+                    want = shapes[name]
+                need(
+                    g.shape(n) == want,
+                    f"graphs.{entry}: output {k!r} has shape {g.shape(n)}, expected {want}",
+                )
+            for n in g.g.nodes:
+                if g.op(n) == "const":
+                    value = g.attrs(n).get("value")
+                    need(
+                        _is_number(value),
+                        f"graphs.{entry}: node {n} is a constant of value {value!r}, not a number",
+                    )
+            elements = sum(math.prod(g.shape(n)) for n in g.g.nodes)
+            need(
+                elements <= MAX_GRAPH_ELEMENTS,
+                f"graphs.{entry}: its nodes hold {elements} elements, more than the "
+                f"{MAX_GRAPH_ELEMENTS} allowed",
+            )
             graphs[entry] = g
         lr = m["hyper"].get("lr", 0.0)
         return cls(

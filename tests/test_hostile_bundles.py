@@ -370,3 +370,54 @@ def test_directory_reads_do_not_leak_descriptors(good: Path, tmp_path: Path) -> 
     for _ in range(20):
         read_bundle(good)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def _program_variant(good: Path, d: Path, change: Any) -> Path:
+    return _edited(good, d, change, "program.json")
+
+
+def _no_loss(p: dict[str, Any]) -> None:
+    del p["graphs"]["train_step"]["outputs"]["loss"]
+
+
+def _no_predict_outputs(p: dict[str, Any]) -> None:
+    p["graphs"]["predict"]["outputs"] = {}
+
+
+def _wrong_shaped_update(p: dict[str, Any]) -> None:
+    outs = p["graphs"]["train_step"]["outputs"]
+    outs["param:0.bias"] = outs["param:0.weight"]
+
+
+def _string_constant(p: dict[str, Any]) -> None:
+    for g in p["graphs"].values():
+        for n in g["nodes"]:
+            if n["op"] == "const":
+                n["attrs"]["value"] = "1.0"
+
+
+def _huge_node(p: dict[str, Any]) -> None:
+    g = p["graphs"]["predict"]
+    shape = [1 << 28, 2, 3]  # 1.6e9 elements (the reference would hold 6 GB)
+    n = g["next"]
+    for i, (op, to, src) in enumerate((("reshape", [1, 2, 3], 0), ("expand", shape, n))):
+        node = {"id": n + i, "op": op, "shape": to, "dtype": "float32", "attrs": {"shape": to}}
+        g["nodes"].append(node | {"origin": "", "operands": [src]})
+    g["next"] = n + 2
+
+
+@pytest.mark.parametrize(
+    ("change", "want"),
+    [
+        (_no_loss, "graphs.train_step: outputs [] != the manifest's ['loss']"),
+        (_no_predict_outputs, "graphs.predict: outputs [] != the manifest's ['output']"),
+        (_wrong_shaped_update, "graphs.train_step: output 'param:0.bias' has shape (5, 3), expected (5,)"),
+        (_string_constant, "is a constant of value '1.0', not a number"),
+        (_huge_node, "graphs.predict: its nodes hold 1610612864 elements, more than the 536870912"),
+    ],
+)
+def test_program_json_faults_are_refused_at_load(good: Path, tmp_path: Path, change: Any, want: str) -> None:
+    """These raised KeyError, TypeError or a numpy ValueError while training (or, for a wrong
+    shape, silently reshaped the parameter at the first step); now glcomp.load refuses them."""
+    msg = _py(_program_variant(good, tmp_path / "p", change))
+    assert msg is not None and msg.startswith("bundle program.json: ") and want in msg, msg
