@@ -497,12 +497,23 @@ SHADERS = {
     "call in a parameter": (
         "int k(int a[abs(2)]) { for (int i = 0; i < 9; i++) { } return 0; }\n"
         "void main() { int x[2]; k(x); k(x); }",
-        18,
+        None,
     ),
     "parentheses in a parameter": (
         "int k(int a[(2)]) { for (int i = 0; i < 9; i++) { } return 0; }\nvoid main() { int x[2]; k(x); }",
-        9,
+        None,
     ),
+    "array parameter": (
+        "int k(int a[2]) { for (int i = 0; i < 9; i++) { } return 0; }\n"
+        "void main() { int x[2]; k(x); k(x); }",
+        18,
+    ),
+    # Arrays: the compiler declares none; literals in brackets add up to at most 4096.
+    "huge array": ("void main() { float big[2147483647]; big[0] = 1.0; }", None),
+    "arrays beyond the total": ("void main() { float a[4000]; float b[97]; }", None),
+    "array sized by a constant": ("const int N = 9;\nvoid main() { float a[N]; }", None),
+    "array indexed by a variable": ("void main() { float a[2]; int j = 1; a[j] = 1.0; }", None),
+    "gl_FragData": ("void main() { gl_FragData[0] = vec4(0.0); gl_FragData[3] = vec4(1.0); }", 0),
     # Calls multiply a function's inlined size: no loop, yet 2^20 copies of e0 (tens of GB to compile).
     "inlining bomb": (_inlining_bomb(20), None),
     "inlining within the budget": (_inlining_bomb(12), 0),

@@ -21,6 +21,7 @@ from glcomp.codegen.schema import (
     _TOKEN,
     _WRITE_AFTER,
     _WRITE_BEFORE,
+    MAX_ARRAY_ELEMENTS,
     MAX_INLINED_TOKENS,
     MAX_SHADER_CHARS,
     shader_loop_bound,
@@ -50,6 +51,17 @@ def reference_loop_bound(source: str, where: str) -> int:
         if line.startswith("#") and not _DIRECTIVE.fullmatch(line.rstrip(" \t")):
             raise fail(f"preprocessor directive {line[:60]!r} is not allowed")
     tokens = [(mt[0], mt.start()) for mt in _TOKEN.finditer(text)]
+    total = 0
+    for k, (tok, pos) in enumerate(tokens):
+        if tok == "[":
+            size = tokens[k + 1][0] if k + 1 < len(tokens) else ""
+            if not size.isdigit() or k + 2 >= len(tokens) or tokens[k + 2][0] != "]":
+                raise fail(
+                    "a bracket must hold one integer literal, as in gl_FragData[1] (no other arrays)", pos
+                )
+            total += int(size[:12])
+            if total > MAX_ARRAY_ELEMENTS:
+                raise fail(f"arrays of more than {MAX_ARRAY_ELEMENTS} elements in all", pos)
     defined: set[str] = set()  # functions: NAME ( ... ) { at the top level
     writers: set[str] = set()  # functions with an out or inout parameter
     depth = paren = 0  # paren: parentheses open outside every brace
@@ -186,7 +198,7 @@ def _outcome(bound, source: str) -> int | str:
 # variables, numbers glued to names, comments, directives.
 HEADERS = [
     *("void main() {", "float f(int a) {", "int g() {", "vec4 h(vec4 (a)) {", "int k(int a[(2)]) {"),
-    *("void w(inout int a) {", "void o(int b, out int a) {"),
+    *("void w(inout int a) {", "void o(int b, out int a) {", "int q(int a[2]) {"),
 ]
 GOOD_LOOPS = ["for (int i = 0; i < 3; i++) {", "for (int j = 0; j < 70; j++) {", "for(int i=0;i<5;i++){"]
 BAD_LOOPS = [
@@ -199,7 +211,8 @@ BAD_LOOPS = [
 ]
 GOOD = [
     *("f(1);", "g();", "h(vec4(0.0));", "k(x);", "fori(1);", "int(i);", "x = i;", "int format = i;"),
-    *("w(x);", "o(i, x);", "w(x[i]);", "f(g());", "w((i));", "o(int(i), x);", "w(f(i));"),
+    *("w(x);", "o(i, x);", "w(x[1]);", "f(g());", "w((i));", "o(int(i), x);", "w(f(i));"),
+    *("float a[4096];", "int b[3];", "gl_FragData[0] = v;"),
     *("i == 2;", "return 1;", "/* c */", "// note\n", "float y = 0.5;", "{ x = 1; }", "2i + 1;"),
 ]
 BAD = [
@@ -268,9 +281,36 @@ PARAMETER_CALLS = [
 
 
 def test_calls_in_a_parameter_list_do_not_hide_a_function() -> None:
-    """The loops of a function whose parameters hold parentheses or a call count at its calls
-    (before: the name inside the parameters was taken for the function's, and its calls counted 0)."""
-    for source, want in zip(PARAMETER_CALLS, (1000, 1000, 1100), strict=True):
+    """The loops of a function whose parameters hold parentheses or a call once counted 0 at its
+    calls (the name inside the parameters was taken for the function's); brackets may hold only
+    an integer literal now, so such parameters are refused, by both scans alike."""
+    for source in PARAMETER_CALLS:
         text = "#version 300 es\n" + source
-        assert shader_loop_bound(text, "t") == want
-        assert reference_loop_bound(text, "t") == want
+        for scan in (shader_loop_bound, reference_loop_bound):
+            try:
+                scan(text, "t")
+            except GlcompError as err:
+                assert "a bracket must hold one integer literal" in str(err)
+            else:
+                raise AssertionError(f"{scan.__name__} accepted {source!r}")
+
+
+def test_arrays_are_bounded() -> None:
+    """`float big[2147483647]` once loaded and ran at 16.5 GB: brackets hold integer literals
+    adding up to at most MAX_ARRAY_ELEMENTS."""
+    ok = "void main() { float a[4000]; int b[96]; a[0] = 1.0; }"
+    assert shader_loop_bound(ok, "t") == reference_loop_bound(ok, "t") == 0
+    for bad in (
+        "void main() { float big[2147483647]; }",
+        "void main() { float a[4000]; int b[97]; }",
+        "const int N = 2147483647;\nvoid main() { float big[N]; }",
+        "void main() { float big[46341 * 46341]; }",
+        "void main() { float[99999999] big; }",
+        "void main() { float a[2]; int i = 0; a[i] = 1.0; }",
+    ):
+        for scan in (shader_loop_bound, reference_loop_bound):
+            try:
+                scan(bad, "t")
+            except GlcompError:
+                continue
+            raise AssertionError(f"{scan.__name__} accepted {bad!r}")

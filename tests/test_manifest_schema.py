@@ -332,6 +332,10 @@ CORPUS: dict[str, tuple[Callable[[dict[str, Any]], None], bool]] = {
     "state name of 500 characters": (lambda m: _rename_state(m, "é" * 500), True),
     "state name of 501 characters": (lambda m: _rename_state(m, "w" * 501), False),
     "empty state name": (lambda m: _rename_state(m, ""), False),
+    # JavaScript's object internals as names (glcomp.js keeps names in Maps and null-prototype objects)
+    "state named __proto__": (lambda m: _rename_state(m, "__proto__"), True),
+    "state named constructor": (lambda m: _rename_state(m, "constructor"), True),
+    "state named hasOwnProperty": (lambda m: _rename_state(m, "hasOwnProperty"), True),
     "files name outside": (lambda m: m["files"].update({"../x.frag": "0" * 64}), False),
     "files digest upper case": (lambda m: m["files"].update(_set_all(m["files"], "A" * 64)), False),
     # integers and their ranges
@@ -348,7 +352,10 @@ CORPUS: dict[str, tuple[Callable[[dict[str, Any]], None], bool]] = {
     "outputs 17": (_set("programs.*.outputs", 17), False),
     "outputs 0": (_set("programs.*.outputs", 0), False),
     "page_offset -1": (lambda m: _draw(m).update(page_offset=-1), False),
-    "page_offset 2^40": (lambda m: _draw(m).update(page_offset=1 << 40), True),
+    "page_offset 2^31 - 1": (lambda m: _draw(m).update(page_offset=(1 << 31) - 1), True),
+    "page_offset 2^31 (not a GLSL int)": (lambda m: _draw(m).update(page_offset=1 << 31), False),
+    "lr -1": (lambda m: m["hyper"].update(lr=-1), False),
+    "lr 0": (lambda m: m["hyper"].update(lr=0), True),
     "counter -1": (_set("counters.n", -1), False),
     "counter 3": (_set("counters.n", 3), True),
     "counter named like a state": (lambda m: m["counters"].update({_first(m["states"]): 1}), False),

@@ -293,6 +293,7 @@ _DIRECTIVE = re.compile(
 _CODE_CHARS = re.compile(r"[ -~\t\r\n]*")
 _WRITING_QUALIFIERS = frozenset({"out", "inout"})
 MAX_SHADER_CHARS = 1 << 20
+MAX_ARRAY_ELEMENTS = 4096  # the integer literals in a shader's brackets, added up
 MAX_INLINED_TOKENS = 1 << 18  # of one function with every call inlined (a shader of 1 MiB has ~300k)
 
 
@@ -341,6 +342,7 @@ def shader_loop_bound(source: str, where: str) -> int:
     ends = list(accumulate(map(len, parts)))
     starts = ends[0::2][: len(toks)]  # token k (parts[2k + 1]) starts after parts[0 .. 2k]
     count = len(toks)
+    _check_brackets(toks, starts, fail)
     # Only some tokens do anything below: braces, loop keywords, the token before each "(" and
     # the names of loop variables; the scans visit those alone, in order (every other token
     # leaves every variable as it was).
@@ -481,6 +483,22 @@ def shader_loop_bound(source: str, where: str) -> int:
     if depth != 0:
         raise fail("unbalanced braces")
     return bounds.get("main", 0)
+
+
+def _check_brackets(toks: list[str], starts: list[int], fail: Any) -> None:
+    """Arrays: the compiler declares none (it indexes gl_FragData[N] alone), so a bracket must
+    hold one integer literal, and those literals add up to at most MAX_ARRAY_ELEMENTS (an array
+    of 2^31 floats once loaded, and ran at 16 GB)."""
+    total = 0
+    for k in (k for k, t in enumerate(toks) if t == "["):
+        size = toks[k + 1] if k + 1 < len(toks) else ""
+        if not size.isdigit() or k + 2 >= len(toks) or toks[k + 2] != "]":
+            raise fail(
+                "a bracket must hold one integer literal, as in gl_FragData[1] (no other arrays)", starts[k]
+            )
+        total += int(size[:12])
+        if total > MAX_ARRAY_ELEMENTS:
+            raise fail(f"arrays of more than {MAX_ARRAY_ELEMENTS} elements in all", starts[k])
 
 
 def check_shaders(manifest: dict[str, Any], shaders: dict[str, str]) -> None:

@@ -30,6 +30,7 @@ export function texelSpan(tex) {
 export const DEFAULT_LOOP_BUDGET = 2 ** 32; // loop iterations one draw may run
 export const DEFAULT_ENTRY_BUDGET = 2 ** 36; // fragments x max(1, loop iterations), summed over an entry's draws
 const MAX_SHADER_CHARS = 2 ** 20;
+const MAX_ARRAY_ELEMENTS = 4096; // the integer literals in a shader's brackets, added up
 const MAX_INLINED_TOKENS = 2 ** 18; // of one function with every call inlined (schema.py MAX_INLINED_TOKENS)
 const WEIGHTS_FILE = "weights.safetensors";
 export const SHADERS_FILE = "shaders.json";
@@ -259,6 +260,18 @@ export function shaderLoopBound(source, where) {
   for (let mt = TOKEN_RE.exec(text); mt !== null; mt = TOKEN_RE.exec(text)) {
     toks.push(mt[0]);
     poss.push(mt.index);
+  }
+  // Arrays (schema.py _check_brackets): a bracket holds one integer literal, all of them adding up
+  // to at most MAX_ARRAY_ELEMENTS (the compiler declares no arrays; it indexes gl_FragData[N]).
+  let arrayTotal = 0;
+  for (let k = 0; k < toks.length; k++) {
+    if (toks[k] !== "[") continue;
+    const size = k + 1 < toks.length ? toks[k + 1] : "";
+    if (!/^[0-9]+$/.test(size) || k + 2 >= toks.length || toks[k + 2] !== "]") {
+      throw fail("a bracket must hold one integer literal, as in gl_FragData[1] (no other arrays)", poss[k]);
+    }
+    arrayTotal += Number(size.slice(0, 12));
+    if (arrayTotal > MAX_ARRAY_ELEMENTS) throw fail(`arrays of more than ${MAX_ARRAY_ELEMENTS} elements in all`, poss[k]);
   }
   const isName = (tok) => {
     const c = tok.charCodeAt(0);
