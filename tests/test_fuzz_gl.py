@@ -50,7 +50,7 @@ class Spec:
     target: str = "webgl2"
     passes: dict[str, bool] = field(default_factory=dict)
     seed: int = 0
-    split_steps: int | None = None  # split K from this many steps of 4 (glcomp.codegen.tiled)
+    split_steps: int | None = None  # split K from this many steps of 4 (glcomp.codegen.families.matmul)
 
     def longest_loop(self) -> int:
         """The most positions a conv layer's weight gradient sums over (batch x output area)."""
@@ -262,7 +262,7 @@ def test_single_kernel_past_the_loop_budget_is_unrolled(gl_runtime: Any) -> None
 
 def test_mrt_refuses_groups_past_the_loop_budget() -> None:
     """Two loop kernels that fit the budget alone but not together stay in separate draws."""
-    from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
+    from glcomp.codegen.loops import FRAGMENT_LOOP_BUDGET, fragment_iterations
 
     glcomp.manual_seed(0)
     spec = Spec(16, 1, 32, 32, LENET, classes=10, optimizer="adam")

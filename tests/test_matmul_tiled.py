@@ -1,5 +1,5 @@
 """Register-blocked (tiled) matmul kernels against the reference (glcomp/codegen/passes/tiling.py
-chooses them, glcomp/codegen/tiled.py renders them).
+chooses them, glcomp/codegen/families/matmul.py renders them).
 
 The cost model keeps small products on the one-texel kernel, so these tests force tiling (no draw
 or gather cost, one block shape at a time) on small shapes with M, N and K not multiples of the

@@ -12,12 +12,10 @@ import jinja2
 import glcomp
 from glcomp import nn, optim
 from glcomp.codegen.bundle import entry_plan
+from glcomp.codegen.families import environment
+from glcomp.codegen.loops import fragment_iterations
 from glcomp.codegen.pipeline import run_pipeline
-from glcomp.codegen.render import (
-    KernelRenderer,
-    environment,
-    fragment_iterations,
-)
+from glcomp.codegen.render import KernelRenderer
 from glcomp.codegen.render_cache import RenderCache
 
 

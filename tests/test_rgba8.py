@@ -21,7 +21,7 @@ from test_browser import HIDE, _js, browser, site  # noqa: F401  (browser fixtur
 from test_matmul_tiled import Product, SumLoss, check, force, tiled_shapes  # noqa: F401  (force: a fixture)
 
 from glcomp import optim
-from glcomp.codegen.render import environment
+from glcomp.codegen.families import environment
 from glcomp.codegen.schema import bundle_files
 from glcomp.errors import GlcompError
 from glcomp.format import texture_bytes, validate_manifest

@@ -54,7 +54,7 @@ def _weight_grad_draws(prog: glcomp.Program, entry: str) -> list[dict[str, Any]]
     b = prog.bundle()
     m = b.manifest
     # The models have one convolution and no input gradient: only the weight gradient's vec4
-    # kernel (templates/conv2d_weight_grad.frag.j2) reads g a texel at a time into `G`.
+    # kernel (glcomp/codegen/families/conv2d_weight_grad.frag.j2) reads g a texel at a time into `G`.
     return [
         d | {"loop_iterations": m["programs"][d["program"]]["loop_iterations"]}
         for d in m["entries"][entry]["draws"]

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from glcomp.codegen.families.matmul import render_tiled
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout, layout_for
@@ -28,7 +29,6 @@ from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.render_cache import Lowered, RenderCache
 from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound, shader_path
 from glcomp.codegen.target import Target
-from glcomp.codegen.tiled import render_tiled
 from glcomp.errors import GlcompError
 from glcomp.ir.gcpause import gc_paused
 from glcomp.program import ENTRY_POINTS, Program
@@ -268,7 +268,7 @@ def _emit_entry(
         if t is None:
             lowered = cache.lower(renderer, plan, kernel, hypers)
             parts = [(lowered, plan.written(kernel), layouts[kernel.roots[0]])]
-        else:  # a register-blocked draw into tiles, then a gather draw (glcomp.codegen.tiled)
+        else:  # a register-blocked draw into tiles, then a gather draw (glcomp.codegen.families.matmul)
             block, gather = render_tiled(t, kernel, dict(layouts), plan.target)
             parts = [
                 (Lowered.of(block), t.tiles, t.tile_layout(size)),

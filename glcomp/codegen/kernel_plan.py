@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from glcomp.codegen.families.matmul import Tiling
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout, layout_for
-from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
+from glcomp.codegen.loops import FRAGMENT_LOOP_BUDGET, fragment_iterations
 from glcomp.codegen.target import Target
-from glcomp.codegen.tiled import Tiling
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
@@ -147,7 +147,7 @@ class KernelPlan:
 
     def loop_iterations(self, kernel: Kernel) -> int:
         """Loop iterations one invocation of `kernel` runs (before unrolling; see
-        glcomp.codegen.render.fragment_iterations)."""
+        glcomp.codegen.loops.fragment_iterations)."""
         limit = self.target.max_loop_iterations
         return fragment_iterations(self.graph, kernel.roots, set(kernel.leaves), limit)
 

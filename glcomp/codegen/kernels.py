@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from glcomp.codegen.families import template_of
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
 
@@ -105,8 +106,7 @@ def form_kernels(graph: Graph, stored: Collection[int], index: NodeIndex) -> lis
         if n not in stored or n in index.feeds:
             continue
         body, leaves = fused_region(graph, n, stored, index)
-        rule = get_op(graph.op(n))
-        template = rule.template if rule.kind not in FUSIBLE and rule.kind != "source" else "map"
+        template = template_of(graph.op(n))
         origins = sorted({graph.node(m)["origin"] for m in [*body, n] if graph.node(m)["origin"]})
         kernels.append(Kernel(f"k{len(kernels)}_{graph.op(n)}", [n], body, leaves, template, origins))
     return kernels

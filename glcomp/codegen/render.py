@@ -4,150 +4,40 @@ Python does the index arithmetic (strides, offsets, bounds) and hands the templa
 integer expressions; templates own the dialect and the loop structure. Identifiers in the GLSL
 are generated from node ids only; origin comments are filtered to a safe character set.
 
-Nothing here is specific to one op: each op's record (glcomp.ir.ops) gives its loop extent, its
-template and the template's parameters (`spec`, `spec4`, `spec4t`) and, for fused ops, the body
-of its scalar function (`emit`); the renderer hands those hooks itself as their `Emitter`.
+Nothing here is specific to one op: each op's lowering (glcomp.codegen.families) gives its
+template and the template's parameters (`root`, `root4`, `root4t`) and, for fused ops, the body of
+its scalar and vec4 functions (`emit`, `emit4`); the renderer hands those hooks a frozen
+`RenderContext` of the kernel and collects what their results read.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-import jinja2
-
+from glcomp.codegen.families import (
+    RenderContext,
+    Rendered,
+    environment,
+    is_fused,
+    lowering,
+    safe_comment,
+    template_of,
+)
+from glcomp.codegen.families.base import reads_of, template_params
+from glcomp.codegen.families.glsl import flat as _flat
+from glcomp.codegen.families.glsl import index_args as _args
+from glcomp.codegen.families.glsl import params
+from glcomp.codegen.families.glsl import strides as _strides
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout
+from glcomp.codegen.loops import FRAGMENT_LOOP_BUDGET, MAX_UNROLL, fragment_iterations
 from glcomp.codegen.target import Target
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
-from glcomp.ir.ops.glsl import flat as _flat
-from glcomp.ir.ops.glsl import index_args as _args
-from glcomp.ir.ops.glsl import params
-from glcomp.ir.ops.glsl import strides as _strides
 
-FUSED_ROOT = ("elementwise", "movement", "index", "source")
-
-# Loop iterations one fragment-shader invocation may run in all, over every loop of the shader.
-# Mesa's llvmpipe (the software rasterizer the tests and many headless machines run) keeps one
-# loop limiter per invocation, shared by all loops, and silently leaves every loop once it has
-# counted 65535 iterations (LP_MAX_TGSI_LOOP_ITERATIONS): a kernel past it returns partial sums.
-# Every back-edge counts, outer loops included; the budget keeps a margin below the limit.
-FRAGMENT_LOOP_BUDGET = 65_000
-MAX_UNROLL = 16  # loop bodies repeated per iteration, at most, to fit a kernel in the budget
-
-
-def loop_trips(extent: int, limit: int, unroll: int = 1) -> tuple[int, int]:
-    """How `_loops.j2` runs a loop of `extent` indices under a per-loop `limit` with its body
-    repeated `unroll` times per iteration: (iterations the loops take, body executions)."""
-    if extent <= limit and unroll == 1:
-        return extent, extent
-    inner = -(-min(extent, limit) // unroll)
-    outer = -(-extent // (inner * unroll))
-    return (inner if outer == 1 else outer + outer * inner), outer * inner * unroll
-
-
-def _loop_extent(graph: Graph, n: int) -> int:
-    """The index count of the loop op `n`'s template loop (the op's `loop_extent`)."""
-    rule = get_op(graph.op(n))
-    if rule.loop_extent is None:
-        raise GlcompError(f"no loop model for op {graph.op(n)!r} (node %{n})")
-    return rule.loop_extent([graph.shape(i) for i in graph.operands(n)], graph.attrs(n))
-
-
-def fragment_iterations(graph: Graph, roots: list[int], leaves: set[int], limit: int, unroll: int = 1) -> int:
-    """Loop iterations one invocation of a kernel with these `roots` runs, counted as the loop
-    limiter of a software rasterizer counts them: every root is evaluated once per channel of its
-    texel (4 times), and a fused node is recomputed at every read. `leaves` are the values the
-    kernel samples (no work); `limit` is the target's per-loop limit and `unroll` the body
-    repetition of the rendered loops. Guarantee: never less than what the rendered shader runs."""
-    memo: dict[int, int] = {}
-    return sum(4 * _calls(graph, r, leaves, limit, unroll, memo) for r in roots)
-
-
-def _calls(graph: Graph, n: int, leaves: set[int], limit: int, unroll: int, memo: dict[int, int]) -> int:
-    """Loop iterations one evaluation of node `n` runs (see `fragment_iterations`), remembered in
-    `memo` (a function of the module, not a closure: a recursive closure is a reference cycle
-    that only the cyclic garbage collector frees)."""
-    if n in memo:  # only nodes that are neither leaves nor sources are remembered
-        return memo[n]
-    rule = get_op(graph.op(n))
-    if n in leaves or rule.kind == "source":
-        return 0
-    ops = graph.operands(n)
-    if rule.kind in FUSED_ROOT:
-        total = sum(_calls(graph, o, leaves, limit, unroll, memo) for o in ops)
-    else:
-        if rule.loop_extent is None:
-            raise GlcompError(f"no loop model for op {graph.op(n)!r} (node %{n})")
-        trips, runs = loop_trips(
-            rule.loop_extent([graph.shape(o) for o in ops], graph.attrs(n)), limit, unroll
-        )
-        if rule.loop_reads is None:
-            per_run = sum(_calls(graph, o, leaves, limit, unroll, memo) for o in ops)
-        else:  # an inner loop per iteration (max pooling's argmax), operands read several times
-            inner, reads = rule.loop_reads([graph.shape(o) for o in ops], graph.attrs(n))
-            per_run = inner + sum(
-                k * _calls(graph, o, leaves, limit, unroll, memo) for k, o in zip(reads, ops, strict=True)
-            )
-        total = trips + runs * per_run
-    memo[n] = total
-    return total
-
-
-def root_template(graph: Graph, n: int) -> str:
-    """The family template whose `root` macro computes node `n` as a render target."""
-    rule = get_op(graph.op(n))
-    return "map" if rule.kind in FUSED_ROOT else str(rule.template)
-
-
-def templates_dir() -> Path:
-    """The template folder: `templates/` in a source checkout, `glcomp/templates` in a wheel."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "templates", here.parent / "templates"):
-        if (candidate / "_kernel.j2").exists():
-            return candidate
-    raise GlcompError(f"GLSL templates not found next to {here}")
-
-
-_DICT_ATTRIBUTES = frozenset(dir(dict))
-
-
-class _Environment(jinja2.Environment):
-    """Jinja's environment, reading ``x.name`` of a dict (every context value the renderer
-    builds) as ``x["name"]`` at once where ``name`` is no attribute of dicts: what Jinja's own
-    lookup returns after a failed attribute lookup, without raising AttributeError first."""
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
-            try:
-                return obj[attribute]
-            except KeyError:
-                pass
-        return super().getattr(obj, attribute)
-
-
-@cache
-def environment() -> jinja2.Environment:
-    return _Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        undefined=jinja2.StrictUndefined,  # a template asking for a missing value is a bug
-        trim_blocks=False,
-        keep_trailing_newline=True,
-        auto_reload=False,  # templates do not change while a process runs: no stat per render
-    )
-
-
-_SAFE = re.compile(r"[^A-Za-z0-9_.() \[\]-]")
-
-
-def safe_comment(text: str) -> str:
-    return _SAFE.sub("_", text)[:120]
+__all__ = ["KernelRenderer", "Rendered", "vertex_shader"]
 
 
 def _squeezable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -156,16 +46,9 @@ def _squeezable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return bool(a) and bool(b) and a[-1] == b[-1] and [s for s in a if s != 1] == [s for s in b if s != 1]
 
 
-@dataclass
-class Rendered:
-    source: str
-    samplers: list[tuple[str, int, int]]  # (uniform name, node, page)
-    uniforms: list[tuple[str, str]]  # (uniform name, hyper-parameter name)
-
-
 class KernelRenderer:
-    """Renders kernels of one graph; `layouts` holds the layout of every stored node. It is the
-    `Emitter` (glcomp.ir.ops.registry) that the ops' kernel hooks receive."""
+    """Renders kernels of one graph; `layouts` holds the layout of every stored node. Each
+    kernel's family hooks receive a frozen `RenderContext` of it (`ctx`)."""
 
     def __init__(self, graph: Graph, layouts: dict[int, Layout], target: Target, rgba8: bool = False) -> None:
         self.graph, self.layouts, self.target = graph, layouts, target
@@ -173,8 +56,8 @@ class KernelRenderer:
         self.webgl1 = target.webgl1
         self.position = {n: i for i, n in enumerate(graph.topo())}
         self.want4 = set()
-        self.want4t: set[int] = set()  # stored leaves read a column texel at a time (`texel4t`)
-        self.textures: set[int] = set()  # the stored leaves of the kernel being rendered
+        self.want4t: set[int] = set()  # stored leaves read a column texel at a time (`Fetch4t`)
+        self.ctx = RenderContext(graph, layouts, frozenset(), 1, self.webgl1)  # per kernel (`render`)
         self._operands: dict[int, list[int]] = {}  # graph.operands, read once per node
 
     def operands(self, n: int) -> list[int]:
@@ -213,8 +96,8 @@ class KernelRenderer:
             names = "abc"
             lines = [f"float {names[k]} = {self.call(src, args)};" for k, src in enumerate(ins)]
             lines.append(f"return {rule.glsl};")
-        elif rule.emit is not None:
-            lines = rule.emit(self, n, args)
+        elif (low := lowering(g.op(n))) is not None and low.emit is not None:
+            lines = low.emit(self.ctx, n, args)
         else:
             raise GlcompError(f"no fused rendering for op {g.op(n)!r} (node %{n})")
         return {"sig": sig, "lines": lines}
@@ -225,75 +108,51 @@ class KernelRenderer:
     def function(self, n: int) -> dict[str, Any]:
         """The GLSL function computing fused node `n`: a loop op (fused as an epilogue's operand)
         is rendered by its family template's macro, anything else by `node_function`."""
-        rule = get_op(self.graph.op(n))
-        if rule.kind in FUSED_ROOT:
+        if is_fused(self.graph, n):
             return self.node_function(n)
-        return {"name": f"v{n}", "template": root_template(self.graph, n), "spec": self.root(n)}
+        return {"name": f"v{n}", "template": template_of(self.graph.op(n)), "spec": self.root(n)}
 
     # -- roots ------------------------------------------------------------------------------------
     def root(self, n: int) -> dict[str, Any]:
         """The parameters of the `root` macro of node `n`'s template: a loop op's from its `spec`
         hook, a fused op's call of its scalar function (map.frag.j2)."""
         g = self.graph
-        rule = get_op(g.op(n))
+        low = lowering(g.op(n))
         shape = g.shape(n)
         r: dict[str, Any] = {"params": params(len(shape)), "unroll": self.unroll}
-        if rule.spec is not None:
-            return r | rule.spec(self, n)
-        if rule.kind in FUSED_ROOT:
+        if low is not None and low.root is not None:
+            return r | self._take(low.root(self.ctx, n))
+        if is_fused(g, n):
             r["call"] = self.call(n, _args(len(shape)))
             return r
         raise GlcompError(f"no kernel template for op {g.op(n)!r}")
 
     # -- vec4 roots ------------------------------------------------------------------------------
-    def _view(self, n: int) -> str | None:
-        """How node `n` views its operand ("flat", "transpose"; see Op.view), None for other ops."""
-        rule = get_op(self.graph.op(n))
-        return None if rule.view is None else rule.view(self.graph.attrs(n))
-
-    def texture(self, n: int, textures: set[int]) -> dict[str, Any] | None:
-        """Sampler and geometry of `n` when it is a stored single-page texture of this kernel, or a
-        fused reshape of one that keeps the last axis (the same rows, so the same texels)."""
-        g = self.graph
-        while (
-            n not in textures
-            and self._view(n) == "flat"
-            and g.shape(g.operands(n)[0])[-1:] == g.shape(n)[-1:]
-        ):
-            n = g.operands(n)[0]
-        if n not in textures or self.layouts[n].pages != 1:
-            return None
-        lay = self.layouts[n]
-        shift = self.shift(lay.width)
-        return {"s": f"s{n}_0", "w": lay.width, "h": lay.height, "rt": lay.row_texels, "shift": shift}
-
-    def shift(self, width: int) -> int | None:
-        """log2 of a power-of-two texture `width` on GLSL ES 3.00 targets (addresses then divide
-        with a shift and a mask), None otherwise (GLSL ES 1.00 has no integer bit operations)."""
-        return None if self.webgl1 or width & (width - 1) else width.bit_length() - 1
+    def _take(self, result: Any) -> dict[str, Any]:
+        """A family hook's result as template parameters; the vec4 functions and transposed texel
+        reads it names become the kernel's to define (`want4`, `want4t`)."""
+        vec4, transposed = reads_of(result)
+        self.want4 |= vec4
+        self.want4t |= transposed
+        return template_params(result)
 
     def root4_head(self, n: int) -> dict[str, Any]:
-        rank = len(self.graph.shape(n))
-        lead = [f"i{k}" for k in range(rank - 1)]
-        return {
-            "params4": ", ".join([f"int {a}" for a in lead] + ["int j0"]),
-            "args4": ", ".join([*lead, "j0"]),
-            "last": f"i{rank - 1}",
-            "row_len": self.graph.shape(n)[-1],
-        }
+        return self.ctx.root4_head(n)
 
-    def root4(self, n: int, textures: set[int]) -> dict[str, Any] | None:
+    def root4(self, n: int) -> dict[str, Any] | None:
         """What the family template's `root4` macro needs to compute a whole output texel of loop
         node `n` at once (its op's `spec4`), or None when `n` keeps the scalar path. `textures`
         are the kernel's stored leaves (not uniforms): operands among them are read texel-wise."""
-        rule = get_op(self.graph.op(n))
-        return None if rule.spec4 is None else rule.spec4(self, n, textures)
+        low = lowering(self.graph.op(n))
+        v4 = None if low is None or low.root4 is None else low.root4(self.ctx, n)
+        return None if v4 is None else self._take(v4)
 
-    def root4t(self, n: int, textures: set[int]) -> dict[str, Any] | None:
+    def root4t(self, n: int) -> dict[str, Any] | None:
         """Like `root4`, for a 2-D loop node read transposed: the macro `root4t` computes the
         column texel (n[j0 + c, i0])_c (its op's `spec4t`)."""
-        rule = get_op(self.graph.op(n))
-        return None if rule.spec4t is None else rule.spec4t(self, n, textures)
+        low = lowering(self.graph.op(n))
+        v4 = None if low is None or low.root4t is None else low.root4t(self.ctx, n)
+        return None if v4 is None else self._take(v4)
 
     def _epilogue_loop(self, root: int, kernel: Kernel) -> tuple[int, str] | None:
         """The fused loop node of a single-root map kernel and how the root reads it: "same" (through
@@ -305,7 +164,7 @@ class KernelRenderer:
         body = set(kernel.body)
 
         def view(n: int, state: str | None) -> str | None:
-            kind, how = get_op(g.op(n)).kind, self._view(n)
+            kind, how = get_op(g.op(n)).kind, self.ctx.view(n)
             if state is None or kind == "elementwise":
                 return state
             if how == "transpose" and state != "flat":
@@ -326,7 +185,7 @@ class KernelRenderer:
             for src in self.operands(m):
                 if src not in body:
                     continue
-                if get_op(g.op(src)).kind not in FUSED_ROOT:
+                if not is_fused(g, src):
                     found.setdefault(src, set()).add(state)
                 else:
                     stack.append((src, view(src, state)))
@@ -376,21 +235,12 @@ class KernelRenderer:
         """The name of node `n`'s vec4 function (rank >= 1), which the kernel being rendered then
         defines: `vec4 v<n>_4(int i0, ..., int j0)`, the elements (i0, ..., j0 + c)_c."""
         self.want4.add(n)
-        return f"v{n}_4"
+        return self.ctx.fn4(n)
 
     def call4(self, n: int, lead: list[str], j0: str) -> str:
         """A call of node `n`'s vec4 function: the elements (lead..., j0 + c)_c, j0 a multiple of 4."""
-        return f"{self.fn4(n)}({', '.join([*lead, j0])})"
-
-    def texel4t(self, src: int, col: str, j0: str) -> str | None:
-        """The elements (src[j0 + c, col])_c of the kernel's stored 2-D leaf `src` (on one page):
-        four texel reads, one per row (rows past the last clamped), and one component select for
-        all four (`col` mod 4); None when `src` is no such leaf. A transposed operand then costs
-        four reads, not four scalar fetches with an address computation and a select each."""
-        if src not in self.textures or len(self.graph.shape(src)) != 2 or self.layouts[src].pages != 1:
-            return None
-        self.want4t.add(src)
-        return f"glc_fetcht_{src}({col}, {j0})"
+        self.want4.add(n)
+        return self.ctx.call4(n, lead, j0)
 
     def _gather4(self, n: int, lead: list[str]) -> str:
         """The texel (lead..., j0 + c)_c of `n` from four calls of its scalar function, each column
@@ -426,10 +276,12 @@ class KernelRenderer:
             return [f"return vec4({self.call(n, ['0'] * len(shape))});"], [], [n]
         if rule.kind == "elementwise":
             return self._elementwise4(n, lead, uniform_of, textures)
-        if rule.emit4 is not None:
-            form = rule.emit4(self, n, lead)
+        low = lowering(g.op(n))
+        if low is not None and low.emit4 is not None:
+            form = low.emit4(self.ctx, n, lead)
             if form is not None:
-                return form
+                self.want4t.update(form.transposed)
+                return form.lines, form.vec4, form.scalar
         return [f"return {self._gather4(n, lead)};"], [], [n]
 
     def _elementwise4(
@@ -611,30 +463,30 @@ class KernelRenderer:
                     "pages": lay.pages,
                     "width": lay.width,
                     "height": lay.height,
-                    "shift": self.shift(lay.width),
+                    "shift": self.ctx.shift(lay.width),
                     "samplers": names,
                 }
             )
         # Fused nodes and elementwise roots (which MRT groups may also read inline), each defined
         # once, in topological order so callees come before callers (rewrites such as transpose
         # push-down create nodes with ids above their readers').
-        inline = set(kernel.body) | {r for r in kernel.roots if get_op(g.op(r)).kind in FUSED_ROOT}
+        inline = set(kernel.body) | {r for r in kernel.roots if is_fused(g, r)}
         # vec4 roots: a loop root with a root4 form; a map root computes its fused chain a texel at
         # a time through vec4 functions (plan4), after filling the cache of its only loop node
         # when that one (an epilogue operand read at the root's index) has a root4 form.
         textures = {leaf for leaf in kernel.leaves if leaf not in uniform_of}
-        self.textures = textures
+        self.ctx = RenderContext(g, self.layouts, frozenset(textures), self.unroll, self.webgl1)
         roots, cached, chains = [], {}, []
         for n in kernel.roots:
-            spec = self.root(n) | {"template": root_template(g, n)}
-            v4 = self.root4(n, textures)
-            fused = get_op(g.op(n)).kind in FUSED_ROOT
+            spec = self.root(n) | {"template": template_of(g.op(n))}
+            v4 = self.root4(n)
+            fused = is_fused(g, n)
             if v4 is None and len(kernel.roots) == 1 and fused:
                 found = self._epilogue_loop(n, kernel)
                 cache = None
                 if found is not None:
                     loop, how = found
-                    cache = self.root4t(loop, textures) if how == "transposed" else self.root4(loop, textures)
+                    cache = self.root4t(loop) if how == "transposed" else self.root4(loop)
                 if cache is not None:
                     cached[loop] = cache
                     v4 = {"caches": [self._cache_call(n, loop, how)]}
@@ -651,7 +503,7 @@ class KernelRenderer:
         for n in inline - set(cached):
             if get_op(g.op(n)).kind == "reduce":
                 asked = set(self.want4)
-                v4 = self.root4(n, textures)
+                v4 = self.root4(n)
                 if v4 is not None and v4["mode"] == "L":
                     lead = [f"i{k}" for k in range(len(g.shape(n)) - 1)]
                     single[n] = v4 | {"single": ", ".join([*lead, "0"])}

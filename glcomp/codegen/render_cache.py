@@ -31,10 +31,11 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from glcomp.codegen.families import Rendered, is_fused, safe_comment
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.programs import NODE_NAME, ORIGIN, canonical, key_digest, sharing_digest
-from glcomp.codegen.render import FUSED_ROOT, KernelRenderer, Rendered, safe_comment
+from glcomp.codegen.render import KernelRenderer
 from glcomp.ir.ops import get_op
 
 # A run of digits inside an identifier: one that follows a letter or underscore (an identifier
@@ -81,7 +82,7 @@ def kernel_places(plan: KernelPlan, kernel: Kernel, position: Mapping[int, int])
     """The kernel's nodes in the order of their places: leaves (in order), then the fused nodes
     and elementwise roots in topological order, then the other roots."""
     g = plan.graph
-    inline = set(kernel.body) | {r for r in kernel.roots if get_op(g.op(r)).kind in FUSED_ROOT}
+    inline = set(kernel.body) | {r for r in kernel.roots if is_fused(g, r)}
     return [
         *kernel.leaves,
         *sorted(inline, key=position.__getitem__),

@@ -1,11 +1,11 @@
-"""Register-blocked (tiled) matmul: one fragment computes R rows x C column texels of a product.
+"""The matmul family: (M, K) @ (K, N) products, one output texel per fragment (matmul.frag.j2:
+`root`, `root4`, `root4t`) or register-blocked (matmul_tiled.frag.j2, `Tiling`/`render_tiled`).
 
-Today's matmul kernel computes one output texel per fragment and fetches 5 texels per 16
-multiply-adds (a texel of A and 4 rows of the right operand). A tiled kernel computes an R x C
-block of output texels per fragment and writes it to R * C render targets ("tiles"); the A and B
-texels it fetches are shared by the whole block, (R + 4 C) fetches per 16 R C multiply-adds. A
-cheap second draw ("gather") copies the tiles into the product's normal packed layout, so readers
-see an ordinary texture.
+Blocking. The texel kernel fetches 5 texels per 16 multiply-adds (a texel of A and 4 rows of the
+right operand). A tiled kernel computes an R x C block of output texels per fragment and writes it
+to R * C render targets ("tiles"); the A and B texels it fetches are shared by the whole block,
+(R + 4 C) fetches per 16 R C multiply-adds. A cheap second draw ("gather") copies the tiles into
+the product's normal packed layout, so readers see an ordinary texture.
 
 Split K. A product with few output texels and a long K (a Linear into ten classes from 4096
 features: 40 texels, 1024 steps of 4) runs serially in a handful of fragments, almost no parallelism
@@ -13,9 +13,8 @@ on any GPU. Its block draw is split over `S` chunks of K: the tiles hold S parti
 output texel (chunk s in the grid's rows s * fh ... (s + 1) * fh - 1) and the gather adds them up, so
 both draws loop about sqrt(K / 4) times in many fragments.
 
-This module holds how a kernel is tiled (`Tiling`) and its two draws' shaders (`render_tiled`);
-the tiling pass (glcomp.codegen.passes.tiling) chooses which kernels are tiled.
-Guarantee: the tiled draws compute every output element as the same dot products over K as the
+The tiling pass (glcomp.codegen.passes.tiling) chooses which kernels are tiled.
+Guarantee: every draw computes each output element as the same dot product over K as the
 reference (summation order aside), and components past the row end are exactly zero.
 """
 
@@ -23,12 +22,135 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from glcomp.codegen.kernels import Kernel
+from glcomp.codegen.families.base import (
+    Fn4,
+    Lowering,
+    RenderContext,
+    Rendered,
+    Texture,
+    environment,
+    register,
+    safe_comment,
+)
 from glcomp.codegen.layout import Layout, layout_for
-from glcomp.codegen.render import Rendered, environment, safe_comment
 from glcomp.codegen.target import Target
+
+if TYPE_CHECKING:
+    from glcomp.codegen.kernels import Kernel
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How a texel root reads one operand of the product, a texel at a time: `form` "rows" (the
+    stored texture `tex` along its rows), "transposed" (A: the transpose of a stored (K, M) texture
+    `tex`, its texel along K picked from four rows; B: the transpose of a stored (N, K) texture
+    `tex`, read along its rows) or "vec4" (a fused operand's vec4 function `fn4`)."""
+
+    form: str
+    tex: Texture | None = None
+    fn4: Fn4 | None = None
+
+
+def _operand(r: RenderContext, n: int) -> Operand:
+    """`n` read texel-wise: its own texture, the texture its 2-D transpose reads, or its vec4
+    function."""
+    tex = r.texture(n)
+    if tex is not None:
+        return Operand("rows", tex)
+    g = r.graph
+    if g.op(n) == "permute" and tuple(g.attrs(n)["perm"]) == (1, 0):
+        src = r.texture(g.operands(n)[0])
+        if src is not None:
+            return Operand("transposed", src)
+    return Operand("vec4", fn4=r.fn4(n))
+
+
+@dataclass(frozen=True)
+class MatmulRoot:
+    """matmul.frag.j2's root: a dot product of length K of a row of A (`a`) and a column of B."""
+
+    K: int
+    a: str
+    b: str
+
+
+@dataclass(frozen=True)
+class MatmulTexel:
+    """matmul.frag.j2's root4: the texel (n[i0, j0 + c])_c, K stepped by 4; A and B as `Operand`s."""
+
+    params4: str
+    args4: str
+    last: str
+    row_len: int
+    K: int
+    N: int
+    A: Operand
+    B: Operand
+
+
+@dataclass(frozen=True)
+class MatmulColumn:
+    """matmul.frag.j2's root4t: the column texel (n[j0 + c, i0])_c of the product read transposed;
+    `s_tex`: A is the transpose of that stored (K, M) texture; `b_tex`: B is stored."""
+
+    transposed: bool
+    last: str
+    args4: str
+    K: int
+    M: int
+    a: str
+    b: str
+    s_tex: Texture | None
+    b_tex: Texture | None
+
+
+def matmul_extent(shapes: list[tuple[int, ...]], attrs: dict[str, Any]) -> int:
+    """One loop over K per output element."""
+    return shapes[0][1]
+
+
+def matmul_root(r: RenderContext, n: int) -> MatmulRoot:
+    a, b = r.graph.operands(n)
+    return MatmulRoot(r.graph.shape(a)[1], r.fn(a), r.fn(b))
+
+
+def matmul_root4(r: RenderContext, n: int) -> MatmulTexel:
+    g = r.graph
+    a, b = g.operands(n)
+    return MatmulTexel(
+        **r.root4_head(n), K=g.shape(a)[1], N=g.shape(b)[1], A=_operand(r, a), B=_operand(r, b)
+    )
+
+
+def matmul_root4t(r: RenderContext, n: int) -> MatmulColumn:
+    g = r.graph
+    a, b = g.operands(n)
+    s_tex = r.texture(g.operands(a)[0]) if g.op(a) == "permute" and a not in r.textures else None
+    return MatmulColumn(
+        transposed=True,
+        last="i0",  # the cache is read by the row index
+        args4="i0, j0",
+        K=g.shape(a)[1],
+        M=g.shape(a)[0],
+        a=r.fn(a),
+        b=r.fn(b),
+        s_tex=s_tex,
+        b_tex=r.texture(b),
+    )
+
+
+register(
+    Lowering(
+        "matmul",
+        "matmul",
+        loop_extent=matmul_extent,
+        root=matmul_root,
+        root4=matmul_root4,
+        root4t=matmul_root4t,
+    )
+)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ bias gradients of a layer; Adam's new parameter, first and second moments) are m
 shader is rendered once with several roots. An elementwise root read by a later member is
 recomputed inline instead of sampled (it is being written in the same draw), unless a loop is
 fused into it. A group's loops together stay within the per-invocation loop budget
-(glcomp.codegen.render.FRAGMENT_LOOP_BUDGET). All attachments of
+(glcomp.codegen.loops.FRAGMENT_LOOP_BUDGET). All attachments of
 a framebuffer must have one size (WebGL 2), so the group's values get a common footprint.
 
 Guarantees: those of `mrt_fusion`; states keep their layouts. Off with ``passes={"mrt": False}``.
@@ -19,7 +19,7 @@ from glcomp.codegen import cost as cost_model
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import FUSIBLE, Kernel
 from glcomp.codegen.layout import Layout, layout_for
-from glcomp.codegen.render import FRAGMENT_LOOP_BUDGET, fragment_iterations
+from glcomp.codegen.loops import FRAGMENT_LOOP_BUDGET, fragment_iterations
 from glcomp.codegen.target import Target
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op

@@ -11,7 +11,7 @@ instead (1 x 1 blocks, S chunks of whole texels, added by the gather): it would 
 serially in a handful of fragments. A product fused into an epilogue (a Linear's bias and
 activation) is first split off into a kernel of its own where tiling it pays for the two extra
 draws (`split_epilogues`).
-The draws themselves are glcomp.codegen.tiled's.
+The draws themselves are glcomp.codegen.families.matmul's.
 
 Guarantees: the same values are computed in the same order (a split product is stored, LOOP,
 and written before its epilogue reads it); blended kernels are never tiled. Off with
@@ -24,12 +24,12 @@ from __future__ import annotations
 import math
 
 from glcomp.codegen import cost
+from glcomp.codegen.families import is_fused, template_of
+from glcomp.codegen.families.matmul import Tiling
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import LOOP, Kernel
 from glcomp.codegen.layout import Layout
-from glcomp.codegen.render import FUSED_ROOT
 from glcomp.codegen.target import Target
-from glcomp.codegen.tiled import Tiling
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
 from glcomp.ir.passes.split_reductions import split_factor
@@ -180,17 +180,17 @@ def split_epilogues(
     out: list[Kernel] = []
     stored: set[int] = set()
     for k in kernels:
-        loops = [n for n in k.body if get_op(graph.op(n)).kind not in FUSED_ROOT]
+        loops = [n for n in k.body if not is_fused(graph, n)]
         lone = len(loops) == 1 and get_op(graph.op(loops[0])).kind == "matmul"
         if k.name in keep or len(k.roots) != 1 or not lone:
             out.append(k)
             continue
         (mm,) = loops
-        if get_op(graph.op(k.roots[0])).kind not in FUSED_ROOT:
+        if not is_fused(graph, k.roots[0]):
             out.append(k)
             continue
         mm_body, mm_leaves = _closure(graph, mm, k, None)
-        template = get_op(graph.op(mm)).template
+        template = template_of(graph.op(mm))
         product = Kernel(f"{k.name}_mm", [mm], mm_body, mm_leaves, template, list(k.origins))
         if choose_tiling(graph, product, layouts, target, extra_draws=1) is None:
             out.append(k)

@@ -6,14 +6,12 @@ gradient of each is written with the other two, so the family is closed under di
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from glcomp.errors import GlcompError
 from glcomp.ir.ops._samples import st
-from glcomp.ir.ops.registry import Emitter, Op, register
+from glcomp.ir.ops.registry import Op, register
 
 
 def out_size(size: int, kernel: int, stride: int, pad: int) -> int:
@@ -48,12 +46,6 @@ def scatter_windows(cols: np.ndarray, hw, stride, padding) -> np.ndarray:
         for j in range(kw):
             out[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] += cols[..., i, j]
     return out[:, :, ph : ph + hw[0], pw : pw + hw[1]]
-
-
-def window_spec(attrs: dict[str, Any]) -> dict[str, Any]:
-    """Stride and padding as template constants (shared by the conv and pool templates)."""
-    stride, pad = attrs["stride"], attrs["padding"]
-    return {"SH": stride[0], "SW": stride[1], "PH": pad[0], "PW": pad[1]}
 
 
 # -- conv2d ----------------------------------------------------------------------------------------
@@ -95,28 +87,6 @@ def sample_conv2d(draw):
     return [x, w], {"stride": stride, "padding": padding}
 
 
-def conv2d_spec(r: Emitter, n: int) -> dict[str, Any]:
-    g = r.graph
-    ins = g.operands(n)
-    x, w = (g.shape(i) for i in ins)
-    spec = window_spec(g.attrs(n))
-    spec |= {"C": x[1], "H": x[2], "W": x[3], "KH": w[2], "KW": w[3]}
-    return spec | {"x": r.fn(ins[0]), "w": r.fn(ins[1])}
-
-
-def conv2d_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | None:
-    g = r.graph
-    x, w = g.operands(n)
-    pw, kw, sw = g.attrs(n)["padding"][1], g.shape(w)[3], g.attrs(n)["stride"][1]
-    dmin, dmax = -pw // 4, (3 * sw + kw - 1 - pw) // 4  # x's row texels from SW * x0 / 4 on
-    return r.root4_head(n) | {
-        "x_tex": r.texture(x, textures),
-        "w_tex": r.texture(w, textures),
-        "dmin": dmin,
-        "D": dmax - dmin + 1,
-    }
-
-
 register(
     Op(
         "conv2d",
@@ -126,11 +96,7 @@ register(
         conv2d_grad,
         2,
         sample=sample_conv2d,
-        template="conv2d",
         attrs=("stride", "padding"),
-        loop_extent=lambda shapes, attrs: shapes[1][1] * shapes[1][2] * shapes[1][3],
-        spec=conv2d_spec,
-        spec4=conv2d_spec4,
         rereads=True,
     )
 )
@@ -163,32 +129,6 @@ def sample_input_grad(draw):
     return [y, w], {"stride": stride, "padding": padding, "input_hw": x[2:]}
 
 
-def input_grad_spec(r: Emitter, n: int) -> dict[str, Any]:
-    g = r.graph
-    ins = g.operands(n)
-    gs, w = (g.shape(i) for i in ins)
-    spec = window_spec(g.attrs(n))
-    spec |= {"O": gs[1], "OH": gs[2], "OW": gs[3], "KH": w[2], "KW": w[3]}
-    return spec | {"g": r.fn(ins[0]), "w": r.fn(ins[1])}
-
-
-def input_grad_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | None:
-    g = r.graph
-    gs, w = g.operands(n)
-    pw, kw = g.attrs(n)["padding"][1], g.shape(w)[3]
-    g_tex = r.texture(gs, textures)
-    if tuple(g.attrs(n)["stride"]) != (1, 1) or g_tex is None:
-        return None
-    dmin, dmax = (pw - kw + 1) // 4, (pw + 3) // 4  # texels of g's row around column x0 // 4
-    return r.root4_head(n) | {
-        "g_tex": g_tex,
-        "w_tex": r.texture(w, textures),
-        "C": g.shape(n)[1],
-        "dmin": dmin,
-        "D": dmax - dmin + 1,
-    }
-
-
 register(
     Op(
         "conv2d_input_grad",
@@ -198,11 +138,7 @@ register(
         input_grad_grad,
         2,
         sample=sample_input_grad,
-        template="conv2d_input_grad",
         attrs=("stride", "padding", "input_hw"),
-        loop_extent=lambda shapes, attrs: shapes[0][1] * shapes[1][2] * shapes[1][3],
-        spec=input_grad_spec,
-        spec4=input_grad_spec4,
         rereads=True,
     )
 )
@@ -235,49 +171,6 @@ def sample_weight_grad(draw):
     return [x, y], {"stride": stride, "padding": padding, "kernel_hw": w[2:]}
 
 
-def weight_grad_spec(r: Emitter, n: int) -> dict[str, Any]:
-    g = r.graph
-    ins = g.operands(n)
-    x, gs = (g.shape(i) for i in ins)
-    spec = window_spec(g.attrs(n))
-    spec |= {"N": x[0], "H": x[2], "W": x[3], "OH": gs[2], "OW": gs[3]}
-    return spec | {"x": r.fn(ins[0]), "g": r.fn(ins[1])}
-
-
-def _batch_view(g: Any, n: int) -> tuple[int, int]:
-    """(source, first image) of `n`: a slice of whole images (batch axis only) is read from its
-    source's texture from that image on; any other node is its own source from image 0."""
-    if g.op(n) != "slice":
-        return n, 0
-    (src,) = g.operands(n)
-    starts, stops = g.attrs(n)["starts"], g.attrs(n)["stops"]
-    if any(starts[1:]) or tuple(stops[1:]) != g.shape(src)[1:]:
-        return n, 0
-    return src, starts[0]
-
-
-def weight_grad_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | None:
-    g = r.graph
-    (x, n0), (gs, g0) = (_batch_view(g, i) for i in g.operands(n))
-    if n0 != g0:  # one batch chunk of both operands (a part of a split weight gradient), or neither
-        (x, n0), (gs, g0) = (g.operands(n)[0], 0), (g.operands(n)[1], 0)
-    pw = g.attrs(n)["padding"][1]
-    x_tex, g_tex = r.texture(x, textures), r.texture(gs, textures)
-    if x_tex is None or g_tex is None:
-        return None
-    sw = g.attrs(n)["stride"][1]
-    dmin, dmax = -pw // 4, (3 * sw + 3 - pw) // 4  # x's row texels from SW * tw + kj0 / 4 on
-    return r.root4_head(n) | {
-        "x_tex": x_tex,
-        "g_tex": g_tex,
-        "O": g.shape(gs)[1],
-        "C": g.shape(x)[1],
-        "n0": n0,
-        "dmin": dmin,
-        "D": dmax - dmin + 1,
-    }
-
-
 register(
     Op(
         "conv2d_weight_grad",
@@ -287,11 +180,7 @@ register(
         weight_grad_grad,
         2,
         sample=sample_weight_grad,
-        template="conv2d_weight_grad",
         attrs=("stride", "padding", "kernel_hw"),
-        loop_extent=lambda shapes, attrs: shapes[0][0] * shapes[1][2] * shapes[1][3],
-        spec=weight_grad_spec,
-        spec4=weight_grad_spec4,
         rereads=True,
     )
 )

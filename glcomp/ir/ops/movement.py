@@ -1,18 +1,16 @@
 """Movement primitives: they only rearrange elements. The code generator folds them into the
-addressing of the kernel that reads them, so most cost no draw call: each op's `emit` hook
-writes the GLSL that maps an output index to the operand index it reads."""
+addressing of the kernel that reads them, so most cost no draw call (their lowerings:
+glcomp.codegen.families.movement)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.ir.ops._samples import dims, st
-from glcomp.ir.ops.glsl import conjunction, flat, strides
-from glcomp.ir.ops.registry import Emitter, Op, register
+from glcomp.ir.ops.registry import Op, register
 
 
 def _t():
@@ -35,37 +33,6 @@ def sample_reshape(draw):
     return [shape], {"shape": (math.prod(shape),) if len(flat) < 2 else tuple(flat)}
 
 
-def reshape_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
-    """The flat index of the output element, unflattened in the operand's shape."""
-    g = r.graph
-    src = g.operands(n)[0]
-    src_shape = g.shape(src)
-    lines = [f"int f = {flat(args, g.shape(n))};"]
-    src_args = []
-    for k, (step, s) in enumerate(zip(strides(src_shape), src_shape)):
-        expr = "f" if step == 1 else f"f / {step}"
-        src_args.append("0" if s == 1 else (expr if k == 0 else f"imod({expr}, {s})"))
-    lines.append(f"return {r.call(src, src_args)};")
-    return lines
-
-
-def reshape_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
-    """A reshape to the same row length: the same rows, so the same texels (row index unflattened
-    in the operand's leading axes)."""
-    g = r.graph
-    src = g.operands(n)[0]
-    shape, src_shape = g.shape(n), g.shape(src)
-    if not shape or not src_shape or shape[-1] != src_shape[-1]:
-        return None
-    lines, src_lead = [], []
-    if len(src_shape) > 1:
-        lines.append(f"int f = {flat(lead, shape[:-1]) if lead else '0'};")
-        for k, (step, s) in enumerate(zip(strides(src_shape[:-1]), src_shape[:-1])):
-            expr = "f" if step == 1 else f"f / {step}"
-            src_lead.append("0" if s == 1 else (expr if k == 0 else f"imod({expr}, {s})"))
-    return [*lines, f"return {r.call4(src, src_lead, 'j0')};"], [src], []
-
-
 register(
     Op(
         "reshape",
@@ -76,8 +43,6 @@ register(
         sample=sample_reshape,
         attrs=("shape",),
         cost=0,
-        emit=reshape_emit,
-        emit4=reshape_emit4,
         view=lambda attrs: "flat",
     )
 )
@@ -96,29 +61,6 @@ def sample_permute(draw):
     return [shape], {"perm": tuple(perm)}
 
 
-def permute_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
-    src_args = [""] * len(args)
-    for k, p in enumerate(r.graph.attrs(n)["perm"]):
-        src_args[p] = args[k]
-    return [f"return {r.call(r.graph.operands(n)[0], src_args)};"]
-
-
-def permute_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
-    """A permutation of the leading axes only: the operand's texel at the permuted row. A 2-D
-    transpose of a stored operand: four of its rows' texels, one component of each."""
-    perm = tuple(r.graph.attrs(n)["perm"])
-    if perm == (1, 0):
-        read = r.texel4t(r.graph.operands(n)[0], lead[0], "j0")
-        return None if read is None else ([f"return {read};"], [], [])
-    if perm[-1] != len(perm) - 1:
-        return None
-    src = r.graph.operands(n)[0]
-    src_lead = [""] * len(lead)
-    for k, p in enumerate(perm[:-1]):
-        src_lead[p] = lead[k]
-    return [f"return {r.call4(src, src_lead, 'j0')};"], [src], []
-
-
 register(
     Op(
         "permute",
@@ -129,8 +71,6 @@ register(
         sample=sample_permute,
         attrs=("perm",),
         cost=0,
-        emit=permute_emit,
-        emit4=permute_emit4,
         view=lambda attrs: "transpose" if tuple(attrs["perm"]) == (1, 0) else None,
     )
 )
@@ -155,23 +95,6 @@ def _expand_grad(g, out, a, shape):
     return (_t().prim("sum", g, axes=axes) if axes else g,)
 
 
-def expand_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
-    src = r.graph.operands(n)[0]
-    src_args = ["0" if s == 1 else a for a, s in zip(args, r.graph.shape(src))]
-    return [f"return {r.call(src, src_args)};"]
-
-
-def expand_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
-    """A broadcast: the operand's texel of the row where the last axis is kept (a per-column
-    vector such as a bias), else its one value of the row splatted."""
-    src = r.graph.operands(n)[0]
-    src_shape = r.graph.shape(src)
-    args = ["0" if s == 1 else a for a, s in zip(lead, src_shape[:-1])]
-    if src_shape[-1] == r.graph.shape(n)[-1]:
-        return [f"return {r.call4(src, args, 'j0')};"], [src], []
-    return [f"return vec4({r.call(src, [*args, '0'])});"], [], [src]
-
-
 register(
     Op(
         "expand",
@@ -182,8 +105,6 @@ register(
         sample=sample_expand,
         attrs=("shape",),
         cost=0,
-        emit=expand_emit,
-        emit4=expand_emit4,
         broadcast=True,
     )
 )
@@ -236,71 +157,6 @@ def _pad_grad(g, out, a, before, after):
     return (_t().prim("slice", g, starts=before, stops=stops),)
 
 
-def slice_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
-    src_args = [f"({a} + {lo})" if lo else a for a, lo in zip(args, r.graph.attrs(n)["starts"])]
-    return [f"return {r.call(r.graph.operands(n)[0], src_args)};"]
-
-
-def slice_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
-    """A slice that starts at a multiple of 4 along the last axis: the operand's texels, shifted."""
-    starts = r.graph.attrs(n)["starts"]
-    if starts[-1] % 4:
-        return None
-    src_lead = [f"({a} + {lo})" if lo else a for a, lo in zip(lead, starts[:-1])]
-    j0 = f"(j0 + {starts[-1]})" if starts[-1] else "j0"
-    return [f"return {r.call4(r.graph.operands(n)[0], src_lead, j0)};"], [r.graph.operands(n)[0]], []
-
-
-def _pad_indices(
-    args: list[str], attrs: dict[str, Any], shape: tuple[int, ...]
-) -> tuple[list[str], list[str]]:
-    """For output indices `args` of a padding: the conditions that they lie inside the operand,
-    and the operand's indices, shifted and clamped into range (read, then selected)."""
-    conds, src_args = [], []
-    for a, lo, hi, size in zip(args, attrs["before"], attrs["after"], shape):
-        if lo:
-            conds.append(f"{a} >= {lo}")
-        if lo or hi:
-            conds.append(f"{a} < {lo + size}")
-        shifted = f"{a} - {lo}" if lo else a
-        src_args.append(f"iclamp({shifted}, 0, {size - 1})" if lo or hi else a)
-    return conds, src_args
-
-
-def pad_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
-    g = r.graph
-    attrs, src = g.attrs(n), g.operands(n)[0]
-    conds, src_args = _pad_indices(args, attrs, g.shape(src))
-    # Read at a clamped index, then select: no texture read inside a branch.
-    return [f"float x = {r.call(src, src_args)};", f"return {conjunction(conds)} ? x : 0.0;"]
-
-
-def pad_emit4(r: Emitter, n: int, lead: list[str]) -> tuple[list[str], list[int], list[int]] | None:
-    """A padding that starts at a multiple of 4 along the last axis: the operand's texel (read at
-    clamped indices, as in pad_emit), each component selected where it lies inside the operand."""
-    g = r.graph
-    attrs, src = g.attrs(n), g.operands(n)[0]
-    src_shape = g.shape(src)
-    lo_last, size_last = attrs["before"][-1], src_shape[-1]
-    if lo_last % 4:
-        return None
-    conds, src_lead = _pad_indices(lead, attrs, src_shape)  # zip stops at the lead axes
-    j0 = f"iclamp(j0 - {lo_last}, 0, {4 * ((size_last - 1) // 4)})" if lo_last or attrs["after"][-1] else "j0"
-    if lo_last:
-        conds.append(f"j0 >= {lo_last}")
-    # Lane c lies inside the operand where j0 + c < end; with `end` a multiple of 4 that is one
-    # test for the whole texel (and none without padding after the operand's last column).
-    end = lo_last + size_last
-    if attrs["after"][-1] and end % 4 == 0:
-        conds.append(f"j0 < {end}")
-    lines = [f"vec4 x = {r.call4(src, src_lead, j0)};", f"bool in_rows = {conjunction(conds)};"]
-    lanes = [
-        f"{conjunction(['in_rows', f'j0 + {c} < {end}'] if end % 4 else ['in_rows'])} ? x.{'xyzw'[c]} : 0.0"
-        for c in range(4)
-    ]
-    return [*lines, f"return vec4({', '.join(lanes)});"], [src], []
-
-
 register(
     Op(
         "slice",
@@ -311,8 +167,6 @@ register(
         sample=sample_slice,
         attrs=("starts", "stops"),
         cost=0,
-        emit=slice_emit,
-        emit4=slice_emit4,
     )
 )
 register(
@@ -325,8 +179,6 @@ register(
         sample=sample_pad,
         attrs=("before", "after"),
         cost=0,
-        emit=pad_emit,
-        emit4=pad_emit4,
     )
 )
 
@@ -360,37 +212,6 @@ def _concat_grad(g, out, *inputs, axis):
     return tuple(grads)
 
 
-def concat_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
-    """Each operand read at the index shifted to its own range along the axis: a branch per
-    operand, or on GLSL ES 1.00 (texture2D must not run under a divergent branch) every operand
-    read at a clamped index and the result selected."""
-    g = r.graph
-    ins = g.operands(n)
-    axis, at, lines = g.attrs(n)["axis"], 0, []
-    branchless = r.webgl1
-    for k, src in enumerate(ins):
-        size = g.shape(src)[axis]
-        pos = f"{args[axis]} - {at}" if at else args[axis]
-        if branchless:
-            pos = f"iclamp({pos}, 0, {size - 1})"
-        src_args = [pos if i == axis else a for i, a in enumerate(args)]
-        value = r.call(src, src_args)
-        last = k == len(ins) - 1
-        if branchless:
-            lines.append(f"float x{k} = {value};")
-        else:
-            ret = f"return {value};"
-            lines.append(ret if last else f"if ({args[axis]} < {at + size}) {ret}")
-        at += size
-    if branchless:
-        expr, at = f"x{len(ins) - 1}", sum(g.shape(i)[axis] for i in ins)
-        for k in reversed(range(len(ins) - 1)):
-            at -= g.shape(ins[k + 1])[axis]
-            expr = f"({args[axis]} < {at} ? x{k} : {expr})"
-        lines.append(f"return {expr};")
-    return lines
-
-
 register(
     Op(
         "concat",
@@ -402,6 +223,5 @@ register(
         sample=sample_concat,
         attrs=("axis",),
         cost=0,
-        emit=concat_emit,
     )
 )

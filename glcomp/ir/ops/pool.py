@@ -6,15 +6,12 @@ row-major order, as torch does; avg_pool2d counts padding in the divisor (torch'
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.ir.ops._samples import st
-from glcomp.ir.ops.conv import conv_out_hw, scatter_windows, window_spec, windows
-from glcomp.ir.ops.registry import Emitter, Op, Shapes, get_op, register
+from glcomp.ir.ops.conv import conv_out_hw, scatter_windows, windows
+from glcomp.ir.ops.registry import Op, register
 
 POOL_ATTRS = ("kernel", "stride", "padding")
 
@@ -48,41 +45,6 @@ def sample_pool_grad(draw, with_input: bool):
     return ([x, y] if with_input else [y]), attrs | ({} if with_input else {"input_hw": x[2:]})
 
 
-def window_extent(shapes: Shapes, attrs: dict[str, Any]) -> int:
-    """One loop over the window of an output element."""
-    return math.prod(attrs["kernel"])
-
-
-def pool_spec(r: Emitter, n: int) -> dict[str, Any]:
-    """pool.frag.j2's root: the op's accumulator (glsl_init, glsl, glsl_final) over the window."""
-    g = r.graph
-    rule = get_op(g.op(n))
-    (x,) = g.operands(n)
-    h, w = g.shape(x)[2:]
-    kh, kw = g.attrs(n)["kernel"]
-    spec = window_spec(g.attrs(n)) | {"H": h, "W": w, "KH": kh, "KW": kw, "x": r.fn(x)}
-    return spec | {"init": rule.glsl_init, "combine": rule.glsl, "final": rule.glsl_final}
-
-
-def pool_spec4(r: Emitter, n: int, textures: set[int]) -> dict[str, Any] | None:
-    g = r.graph
-    (x,) = g.operands(n)
-    x_tex = r.texture(x, textures)
-    if x_tex is None:
-        return None
-    pw, kw, sw = g.attrs(n)["padding"][1], g.attrs(n)["kernel"][1], g.attrs(n)["stride"][1]
-    dmin, dmax = -pw // 4, (3 * sw + kw - 1 - pw) // 4  # x's row texels from SW * x0 / 4 on
-    return r.root4_head(n) | {
-        "x_tex": x_tex,
-        "C": g.shape(x)[1],
-        "dmin": dmin,
-        "D": dmax - dmin + 1,
-    }
-
-
-POOL_KERNEL = {"template": "pool", "loop_extent": window_extent, "spec": pool_spec, "spec4": pool_spec4}
-
-
 # -- max -------------------------------------------------------------------------------------------
 def max_pool_ref(x, kernel, stride, padding):
     return windows(x, kernel, stride, padding, fill=-np.inf).max(axis=(4, 5)).astype(x.dtype)
@@ -102,22 +64,6 @@ def max_pool_grad(g, out, x, kernel, stride, padding):
     return (prim("max_pool2d_grad", x, g, kernel=kernel, stride=stride, padding=padding),)
 
 
-def max_pool_grad_spec(r: Emitter, n: int) -> dict[str, Any]:
-    g = r.graph
-    ins = g.operands(n)
-    x, gs = (g.shape(i) for i in ins)
-    kh, kw = g.attrs(n)["kernel"]
-    spec = window_spec(g.attrs(n)) | {"H": x[2], "W": x[3], "KH": kh, "KW": kw, "OH": gs[2], "OW": gs[3]}
-    return spec | {"x": r.fn(ins[0]), "g": r.fn(ins[1])}
-
-
-def max_pool_grad_reads(shapes: Shapes, attrs: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
-    """Per tap of the output window: an inner argmax loop over the input window (reading x at
-    each of its taps) and one read of the gradient."""
-    window = math.prod(attrs["kernel"])
-    return window, (window, 1)
-
-
 def max_pool_grad_shape(x, g, kernel, stride, padding):
     if pool_shape(x, kernel, stride, padding) != tuple(g):
         raise GlcompError(f"max_pool2d_grad: gradient {g} does not match input {x}")
@@ -134,9 +80,6 @@ register(
         sample=sample_pool,
         smooth=False,
         attrs=POOL_ATTRS,
-        **POOL_KERNEL,
-        glsl="glc_max(acc, a)",
-        glsl_init="-3.0e38",
     )
 )
 register(
@@ -150,10 +93,6 @@ register(
         sample=lambda draw: sample_pool_grad(draw, True),
         smooth=False,
         attrs=POOL_ATTRS,
-        template="max_pool2d_grad",
-        loop_extent=window_extent,
-        loop_reads=max_pool_grad_reads,
-        spec=max_pool_grad_spec,
     )
 )
 
@@ -174,15 +113,6 @@ def avg_pool_grad_ref(g, kernel, stride, padding, input_hw):
     scale = 1.0 / (kernel[0] * kernel[1])
     cols = np.broadcast_to((g * scale)[..., None, None], g.shape + tuple(kernel))
     return scatter_windows(np.ascontiguousarray(cols), input_hw, stride, padding).astype(g.dtype)
-
-
-def avg_pool_grad_spec(r: Emitter, n: int) -> dict[str, Any]:
-    g = r.graph
-    (gs_node,) = g.operands(n)
-    gs = g.shape(gs_node)
-    kh, kw = g.attrs(n)["kernel"]
-    spec = window_spec(g.attrs(n)) | {"KH": kh, "KW": kw, "OH": gs[2], "OW": gs[3]}
-    return spec | {"g": r.fn(gs_node)}
 
 
 def avg_pool_grad(g, out, x, kernel, stride, padding):
@@ -207,10 +137,6 @@ register(
         avg_pool_grad,
         sample=sample_pool,
         attrs=POOL_ATTRS,
-        **POOL_KERNEL,
-        glsl="acc + a",
-        glsl_init="0.0",
-        glsl_final="acc / float(KH * KW)",
     )
 )
 register(
@@ -222,8 +148,5 @@ register(
         avg_pool_grad_grad,
         sample=lambda draw: sample_pool_grad(draw, False),
         attrs=(*POOL_ATTRS, "input_hw"),
-        template="avg_pool2d_grad",
-        loop_extent=window_extent,
-        spec=avg_pool_grad_spec,
     )
 )

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from glcomp.ir.ops.glsl import glsl_float
-from glcomp.ir.ops.registry import Emitter, Op, register
-
-
-def _const_emit(r: Emitter, n: int, args: list[str]) -> list[str]:
-    return [f"return {glsl_float(r.graph.attrs(n)['value'])};"]
-
+from glcomp.ir.ops.registry import Op, register
 
 register(
     Op(
@@ -35,6 +29,5 @@ register(
         0,
         attrs=("value",),
         cost=0,
-        emit=_const_emit,
     )
 )
