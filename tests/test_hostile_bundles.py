@@ -421,3 +421,37 @@ def test_program_json_faults_are_refused_at_load(good: Path, tmp_path: Path, cha
     shape, silently reshaped the parameter at the first step); now glcomp.load refuses them."""
     msg = _py(_program_variant(good, tmp_path / "p", change))
     assert msg is not None and msg.startswith("bundle program.json: ") and want in msg, msg
+
+
+# -- saving: a save killed between its two renames ---------------------------------------------------
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_save_killed_between_its_renames_loses_nothing(good: Path, tmp_path: Path) -> None:
+    """The old bundle moved aside (.b.old-PID-x/bundle), the new one never renamed in: the next
+    save deleted the old bundle and the user's data.safetensors with it. Now the next load or
+    save puts the old bundle back; a user's file named like a temporary is never deleted."""
+    target = tmp_path / "b"
+    prog = glcomp.load(good)
+    prog.save(target)
+    (target / "data.safetensors").write_bytes(b"the user's data")
+    pid = _dead_pid()
+    aside = tmp_path / f".b.old-{pid}-killed"
+    aside.mkdir()
+    os.rename(target, aside / "bundle")
+    mine = tmp_path / f".b.old-{pid}-mine"
+    mine.write_bytes(b"a user's file")
+    assert not target.exists()
+    glcomp.load(target)  # the load finds the old bundle again
+    assert (target / "data.safetensors").read_bytes() == b"the user's data"
+    # killed again, and this time the next save recovers it
+    aside.mkdir()
+    os.rename(target, aside / "bundle")
+    prog.save(target)
+    assert (target / "data.safetensors").read_bytes() == b"the user's data"
+    assert not aside.exists()
+    assert mine.read_bytes() == b"a user's file"
+    glcomp.load(target)

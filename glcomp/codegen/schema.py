@@ -145,7 +145,8 @@ def _clean_stale(parent: Path, name: str) -> None:
         entries = list(parent.iterdir())
     except OSError:
         return
-    for entry in entries:
+    target = parent / name
+    for entry in sorted(entries, key=lambda e: e.name):
         found = _TEMP.match(entry.name)
         if not found or found["name"] != name:
             continue
@@ -155,9 +156,19 @@ def _clean_stale(parent: Path, name: str) -> None:
         if running or (pid != os.getpid() and _pid_alive(pid)):
             continue
         if entry.is_symlink() or not entry.is_dir():
-            entry.unlink(missing_ok=True)
-        else:
-            shutil.rmtree(entry, ignore_errors=True)
+            continue  # never ours (saves make directories): a user's file, left alone
+        aside = entry / "bundle"
+        if ".old-" in entry.name and is_bundle_dir(aside):
+            if not os.path.lexists(target):
+                # A save was killed between its two renames: the old bundle (and the user's
+                # files in it) is put back, never deleted.
+                try:
+                    os.rename(aside, target)
+                except OSError:
+                    continue
+            elif not is_bundle_dir(target):
+                continue  # not sure which is the user's: keep both
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _write_new(directory_fd: int, name: str, data: bytes) -> None:
@@ -745,6 +756,9 @@ def read_bundle(
     and nothing else; the textures declared fit `texture_budget_bytes` and each draw's loop
     iterations `loop_budget`, each entry's draws together `entry_budget` (see `validate_manifest`
     and `check_shaders`); no file is read whole before its size is known to be within bounds."""
+    directory = Path(directory)
+    if not os.path.lexists(directory) and directory.name:
+        _clean_stale(Path(os.path.abspath(directory)).parent, directory.name)  # a save killed midway
     reader = _Reader(directory)
     try:
         return _read(reader, texture_budget_bytes, loop_budget, entry_budget)
