@@ -240,6 +240,19 @@ def write_bundle(bundle: Any, directory: Path) -> Path:
     return directory
 
 
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _swap_into_place(tmp: Path, directory: Path) -> None:
     """Rename `tmp` to `directory`; an existing `directory` is renamed aside first and removed
     once the new one is in place (restored if the rename fails). A concurrent save that wins the
@@ -266,6 +279,7 @@ def _swap_into_place(tmp: Path, directory: Path) -> None:
                         os.rename(aside / "bundle", directory)  # put the old bundle back
                     raise
                 continue  # a concurrent save put its bundle there first
+            _fsync_dir(directory.parent)  # the renames themselves survive a power loss
             return
         finally:
             if aside is not None:
