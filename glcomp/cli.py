@@ -652,15 +652,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         text = _call_user(lambda: spec.sample(rt), f"{source}: sample")
         print(f"sample:\n{text}")
 
-    from safetensors.numpy import save_file
+    from glcomp.runtime.weights import save_weights
 
     out.mkdir(parents=True, exist_ok=True)
     state = rt.state_dict()
-    # reshape keeps 0-d entries (BatchNorm's num_batches_tracked) 0-d, as torch stores them.
-    save_file(
-        {k: np.ascontiguousarray(v).reshape(np.shape(v)) for k, v in state.items()},
-        str(out / "weights.safetensors"),
-    )
+    # Torch-named parameters and buffers only (as rt.save_weights): torch's twin of the model loads
+    # it with strict=True.
+    save_weights(out / "weights.safetensors", state)
     opt_state = rt.optimizer_state() if hasattr(rt, "optimizer_state") else dict(rt.opt_state)
     trained = dataclasses.replace(
         prog,

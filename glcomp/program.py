@@ -164,6 +164,16 @@ class Program:
         weights, program.json), atomically: see `Bundle.save`. `glcomp.load` reads it back."""
         return self.bundle().save(directory)
 
+    def save_weights(self, path: str | Path) -> Path:
+        """Write the program's parameters and buffers (by torch name; integer buffers such as
+        ``num_batches_tracked`` as 0-d int64) to the safetensors file `path`, atomically, and
+        nothing else: no optimizer state, step or random-number counters. The torch twin of the
+        model loads it with ``load_state_dict(safetensors.torch.load_file(path), strict=True)``;
+        ``runtime.save_weights`` does the same for a runtime's trained state."""
+        from glcomp.runtime.weights import save_weights
+
+        return save_weights(path, {**self.params, **self.buffers, **self.counters})
+
     def explain(self, dump_after: str | None = None) -> str:
         """The lowered program as text: per entry point each draw with its kernel, program,
         targets, viewport and estimated work (largest first), then texture memory. With

@@ -569,10 +569,21 @@ class GLRuntime:
 
     @_gl_call
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Parameters, buffers and counters by their torch names (copies)."""
+        """Parameters, buffers and counters by their torch names (copies), every value an np.ndarray
+        (integer buffers such as ``num_batches_tracked`` 0-d int64 arrays)."""
         out = self._read_states(("param", "buffer"))
-        out |= {k: v.copy() for k, v in self.counters.items()}
+        out |= {k: np.array(v, np.int64) for k, v in self.counters.items()}
         return out
+
+    def save_weights(self, path: Any) -> Any:
+        """Write `state_dict()` to the safetensors file `path`, atomically: the parameters and
+        buffers by their torch names and nothing else (no optimizer state, step or random-number
+        counters), so the torch twin of the model loads it with
+        ``model.load_state_dict(safetensors.torch.load_file(path), strict=True)``. Returns the
+        path (see glcomp.runtime.weights)."""
+        from glcomp.runtime.weights import save_weights
+
+        return save_weights(path, self.state_dict())
 
     @_gl_call
     def optimizer_state(self) -> dict[str, np.ndarray]:

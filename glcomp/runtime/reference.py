@@ -95,12 +95,23 @@ class ReferenceRuntime:
         self.lr = check_lr(lr)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Parameters, buffers and counters by their torch names (copies)."""
+        """Parameters, buffers and counters by their torch names (copies), every value an np.ndarray
+        (integer buffers such as ``num_batches_tracked`` 0-d int64 arrays)."""
         self._check_usable()
         out = {k: v.copy() for k, v in self.params.items()}
         out |= {k: v.copy() for k, v in self.buffers.items()}
-        out |= {k: v.copy() for k, v in self.counters.items()}
+        out |= {k: np.array(v, np.int64) for k, v in self.counters.items()}
         return out
+
+    def save_weights(self, path: Any) -> Any:
+        """Write `state_dict()` to the safetensors file `path`, atomically: the parameters and
+        buffers by their torch names and nothing else (no optimizer state, step or random-number
+        counters), so the torch twin of the model loads it with
+        ``model.load_state_dict(safetensors.torch.load_file(path), strict=True)``. Returns the
+        path (see glcomp.runtime.weights)."""
+        from glcomp.runtime.weights import save_weights
+
+        return save_weights(path, self.state_dict())
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """The optimizer state (``opt.<param>.<slot>``, ``opt.step``) as it is now (copies)."""
