@@ -1,0 +1,290 @@
+"""Federated training on Flower (glcomp.federated): update checks, GL/reference agreement of a
+local update, and a real Flower simulation (flwr.simulation.run_simulation: a ServerApp and three
+ClientApps in this process and Ray workers, loopback only) of a tiny MLP on two GL sites and one
+reference site, plus a fourth site sending a malformed update, whose result must equal FedAvg
+computed by hand over the same local updates; then the server is restarted and resumes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import glcomp
+from glcomp import nn, optim
+from glcomp.errors import GlcompError
+from glcomp.federated import Site, check_update, federated_shapes, local_train
+
+flwr = pytest.importorskip("flwr", reason="glcomp[federated] (Flower) is not installed")
+
+from flwr.app import (  # noqa: E402
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    Metadata,
+    MetricRecord,
+    RecordDict,
+)
+
+from glcomp.federated import GlcompClient, GlcompServer, history  # noqa: E402
+from glcomp.federated.server import _checked_strategy_class  # noqa: E402
+
+BATCH = 8
+SEED = 3
+# GL sites' local update vs the reference runtime's on the same data and weights (max abs
+# difference of the updated tensors after 4 Adam steps; measured about 1e-7).
+GL_REF_TOL = 1e-5
+
+
+def _program() -> glcomp.Program:
+    glcomp.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3))
+    return glcomp.compile(model, {"x": (BATCH, 6)}, loss=nn.CrossEntropyLoss(), optimizer=optim.Adam(lr=0.05))
+
+
+def _data(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    y = ((x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 0.5)).astype(np.int32)
+    return {"x": x, "y": y}
+
+
+SITES = [
+    Site("hospital-a", _data(24, 1), "gl"),
+    Site("hospital-b", _data(16, 2), "gl"),
+    Site("clinic-c", _data(32, 3), "reference"),
+]
+BAD_SITE = Site("mallory", _data(16, 4), "reference")
+
+
+class TamperingClient(GlcompClient):
+    """The honest client, except that the site named "mallory" sends NaN in one tensor."""
+
+    def train(self, msg: Any, context: Any) -> Any:
+        reply = super().train(msg, context)
+        if self.site(context).name == "mallory":
+            arrays = reply.content.array_records["arrays"]
+            bad = arrays["2.weight"].numpy().copy()
+            bad[0, 0] = np.nan
+            arrays["2.weight"] = Array(bad)
+        return reply
+
+
+# -- checks of received tensors (no Flower run) --------------------------------------------------
+def test_check_update_names_source_and_tensor() -> None:
+    prog = _program()
+    shapes = federated_shapes(prog)
+    good = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
+    assert list(check_update(good, shapes, "site x")) == list(shapes)
+    cases = {
+        "missing tensors ['0.bias']": {k: v for k, v in good.items() if k != "0.bias"},
+        "unexpected tensors ['evil']": good | {"evil": np.zeros(1, np.float32)},
+        "'0.weight' has dtype float64": good | {"0.weight": np.zeros(shapes["0.weight"])},
+        "'2.bias' has shape (4,), expected (3,)": good | {"2.bias": np.zeros(4, np.float32)},
+        "'2.weight' holds 3 NaN or infinite values": good
+        | {"2.weight": np.where(np.eye(3, 12) > 0.5, np.inf, 0).astype(np.float32)},
+    }
+    for expected, update in cases.items():
+        with pytest.raises(GlcompError, match="update from site x rejected") as err:
+            check_update(update, shapes, "site x")
+        assert expected in str(err.value)
+
+
+def test_check_array_record_refuses_what_it_cannot_trust() -> None:
+    from glcomp.federated import check_array_record
+
+    prog = _program()
+    shapes = federated_shapes(prog)
+    good = {k: Array(np.zeros(s, np.float32)) for k, s in shapes.items()}
+    assert set(check_array_record(ArrayRecord(good), shapes, "n")) == set(shapes)
+    big = np.zeros(shapes["2.bias"], np.float32)
+    padded = Array(dtype="float32", shape=big.shape, stype="numpy.ndarray", data=b"\0" * 10**6)
+    liar = Array(dtype="float32", shape=(3,), stype="numpy.ndarray", data=Array(np.zeros(5, np.float32)).data)
+    cases = {
+        "'2.bias' carries 1000000 bytes": padded,
+        "'2.bias' has dtype 'float64'": Array(np.zeros(3)),
+        "'2.bias' has serialization 'torch'": Array(dtype="float32", shape=(3,), stype="torch", data=b""),
+        "'2.bias' has shape (5,), expected (3,)": liar,  # declared (3,), decoded (5,)
+    }
+    for expected, arr in cases.items():
+        with pytest.raises(GlcompError, match="update from n rejected") as err:
+            check_array_record(ArrayRecord(good | {"2.bias": arr}), shapes, "n")
+        assert expected in str(err.value)
+
+
+def _reply(arrays: dict[str, np.ndarray], n: int, site: str, node: int = 7) -> Message:
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+            "metrics": MetricRecord({"num-examples": n, "train-loss-mean": 1.0}),
+            "site": ConfigRecord({"name": site}),
+        }
+    )
+    meta = Metadata(
+        run_id=1,
+        message_id="",
+        src_node_id=node,
+        dst_node_id=0,
+        reply_to_message_id="m",
+        group_id="1",
+        created_at=time.time(),
+        ttl=60.0,
+        message_type=MessageType.TRAIN,
+    )
+    return Message(content=content, metadata=meta)
+
+
+def test_strategy_leaves_a_bad_update_out_or_fails_clearly() -> None:
+    from flwr.serverapp.strategy import FedAvg
+
+    prog = _program()
+    shapes = federated_shapes(prog)
+    rng = np.random.default_rng(0)
+    a = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+    b = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+    nan = a | {"0.bias": np.full(shapes["0.bias"], np.nan, np.float32)}
+    cls = _checked_strategy_class()
+    strategy = cls(FedAvg(), shapes)
+    replies = [_reply(a, 10, "a"), _reply(nan, 10**6, "evil"), _reply(b, 30, "b")]
+    agg, _ = strategy.aggregate_train(1, replies)
+    for k in shapes:
+        np.testing.assert_allclose(agg[k].numpy(), (10 * a[k] + 30 * b[k]) / 40, rtol=1e-6, atol=1e-7)
+    (rejected,) = strategy.rounds[1]["rejected"]
+    assert rejected["site"] == "evil"
+    assert "site 'evil'" in rejected["error"] and "'0.bias' holds" in rejected["error"]
+    wrong_weight = _reply(a, 0, "zero")  # a weight of 0 (or negative, or nan) is refused too
+    assert strategy.aggregate_train(2, [wrong_weight]) == (None, None)
+    assert "'num-examples' must be a number" in strategy.rounds[2]["rejected"][0]["error"]
+
+    failing = cls(FedAvg(), shapes, on_reject="fail")
+    with pytest.raises(GlcompError, match=r"update from node 7 \(site 'evil'\) in round 1 rejected"):
+        failing.aggregate_train(1, [_reply(a, 10, "a"), _reply(nan, 10, "evil")])
+
+
+def test_importing_glcomp_federated_does_not_import_flower() -> None:
+    code = "import sys, glcomp.federated; print('flwr' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- GL and reference sites agree ------------------------------------------------------------------
+def test_gl_and_reference_give_the_same_local_update(gl_ctx: Any) -> None:
+    prog = _program()
+    start = {k: np.asarray(v, np.float32) for k, v in (prog.params | prog.buffers).items()}
+    site = SITES[0]
+    results = {}
+    for kind, options in (("gl", {"ctx": gl_ctx}), ("reference", {})):
+        with prog.runtime(kind, **options) as rt:
+            results[kind] = local_train(
+                rt, prog, site.data, start, site=site.name, epochs=2, seed=SEED, server_round=1
+            )
+    gl, ref = results["gl"], results["reference"]
+    assert gl.steps == ref.steps == 2 * (24 // BATCH)
+    diff = max(float(np.abs(gl.weights[k] - ref.weights[k]).max()) for k in start)
+    print(f"GL vs reference local update: max abs difference {diff:.3g} over {gl.steps} Adam steps")
+    assert diff < GL_REF_TOL
+    np.testing.assert_allclose(gl.losses, ref.losses, rtol=1e-5, atol=1e-6)
+    assert abs(gl.update_norm - ref.update_norm) < 1e-4 * max(1.0, ref.update_norm)
+
+
+# -- a Flower simulation --------------------------------------------------------------------------------
+def _hand_fedavg(prog: glcomp.Program, start: dict[str, np.ndarray], server_round: int, gl_ctx: Any) -> Any:
+    """The round's local updates of the honest sites, trained here, and their FedAvg (float64)."""
+    updates = []
+    for site in SITES:
+        options = {"ctx": gl_ctx} if site.runtime == "gl" else {}
+        with prog.runtime(site.runtime, **options) as rt:
+            r = local_train(
+                rt, prog, site.data, start, site=site.name, epochs=1, seed=SEED, server_round=server_round
+            )
+        updates.append(r)
+    total = sum(r.num_examples for r in updates)
+    avg = {k: sum(r.num_examples * r.weights[k].astype(np.float64) for r in updates) / total for k in start}
+    return avg, updates
+
+
+def test_simulation_fedavg_matches_hand_computation_rejects_and_resumes(tmp_path: Path, gl_ctx: Any) -> None:
+    import ray.cloudpickle
+
+    from glcomp.federated import RoundStore, run_simulation
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    prog = _program()
+    out = tmp_path / "federation"
+    sites = [*SITES, BAD_SITE]
+    lines: list[str] = []
+
+    def server(rounds: int) -> GlcompServer:
+        return GlcompServer(
+            prog, out, num_rounds=rounds, min_clients=4, eval_data=_data(20, 9), progress=lines.append
+        )
+
+    client = TamperingClient(prog, sites, epochs=1, seed=SEED)
+    t0 = time.perf_counter()
+    run_simulation(server(1), client, num_supernodes=4)
+    first = time.perf_counter() - t0
+    store = RoundStore(out, prog)
+    assert store.rounds() == [0, 1]
+    round1_mtime = (out / "round-0001" / "round.json").stat().st_mtime_ns
+
+    t0 = time.perf_counter()
+    resumed = server(2)
+    run_simulation(resumed, client, num_supernodes=4)
+    second = time.perf_counter() - t0
+    print(f"simulation: 1 round in {first:.1f} s, the resumed round in {second:.1f} s (Ray start included)")
+    assert resumed.started_at == 1
+    assert store.rounds() == [0, 1, 2]
+    assert (out / "round-0001" / "round.json").stat().st_mtime_ns == round1_mtime  # not redone
+    assert any("resuming after round 1" in line for line in lines)
+    assert lines[-1].startswith("federated: 2 rounds, 4 clients, test accuracy ")
+
+    worst = 0.0
+    for r in (1, 2):
+        before, after = store.load(r - 1), store.load(r)
+        expected, updates = _hand_fedavg(prog, before.weights, r, gl_ctx)
+        for k, v in expected.items():
+            worst = max(worst, float(np.abs(after.weights[k] - v).max()))
+        info = after.info
+        assert info["answered"] == 3
+        (rejected,) = info["rejected"]
+        assert "site 'mallory'" in rejected["error"] and "'2.weight' holds 1 NaN" in rejected["error"]
+        by_name = {s["name"]: s for s in info["sites"]}
+        assert sorted(by_name) == sorted(s.name for s in SITES)
+        assert by_name["clinic-c"]["renderer"] == "numpy" and by_name["hospital-a"]["runtime"] == "gl"
+        for site, u in zip(SITES, updates):
+            got = by_name[site.name]["metrics"]
+            assert got["num-examples"] == u.num_examples and got["steps"] == u.steps
+            assert abs(got["update-norm"] - u.update_norm) < 1e-4 * max(1.0, u.update_norm)
+            np.testing.assert_allclose(by_name[site.name]["loss_curve"], u.losses, rtol=1e-5, atol=1e-6)
+        assert 0.0 <= info["global"]["accuracy"] <= 1.0
+    print(f"federated result vs FedAvg by hand: max abs difference {worst:.3g}")
+    assert worst < 1e-5
+
+    # the saved global model is an ordinary bundle
+    final = glcomp.load(out / "round-0002" / "model")
+    np.testing.assert_array_equal(final.params["0.weight"], store.load(2).weights["0.weight"])
+    assert [h["round"] for h in history(out)] == [0, 1, 2]
+    assert json.loads((out / "federation.json").read_text())["format"] == "glcomp-federation"
+
+
+def test_round_store_refuses_another_models_directory(tmp_path: Path) -> None:
+    from glcomp.federated import RoundStore
+
+    prog = _program()
+    RoundStore(tmp_path / "f", prog).open()
+    glcomp.manual_seed(0)
+    other = glcomp.compile(nn.Linear(6, 2), {"x": (BATCH, 6)}, loss=nn.MSELoss(), optimizer=optim.SGD(lr=0.1))
+    with pytest.raises(GlcompError, match="federation of another model"):
+        RoundStore(tmp_path / "f", other).open()
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "notes.txt").write_text("mine")
+    with pytest.raises(GlcompError, match="not empty and not a federation directory"):
+        RoundStore(tmp_path / "g", prog).open()
