@@ -3,23 +3,28 @@
 ``glcomp serve DIR [--port N]`` binds 127.0.0.1 only and serves nothing but the demo page and the
 browser runtime (glcomp/runtime/js/) under ``/`` and the bundle's files under ``/bundle/``:
 plain files inside those folders with known suffixes, no listings, no dot-files, no links that
-lead outside, no ``..``. Files are streamed in chunks (memory stays flat however large a file or
-however many readers), requests are handled by a fixed pool of worker threads with a bounded
-queue, and every connection has a socket timeout, so slow or idle clients cannot pile up threads
-or memory. Training data is a ``data.safetensors`` holding x_train, y_train, x_test
-and y_test, written by `export_data`.
+lead outside, no ``..``. One thread runs an event loop over non-blocking sockets (`DemoServer`):
+files are streamed in chunks (memory stays flat however large a file or however many readers), a
+request head must arrive whole within a deadline (per request, not per read), a stalled download
+is dropped, and beyond a bounded number of open connections a client gets ``503``, so slow or
+idle clients can neither starve the others nor pile up threads or memory. Training data is a
+``data.safetensors`` holding x_train, y_train, x_test and y_test, written by `export_data`.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.server
+import contextlib
+import email.utils
+import http
 import os
-import shutil
+import selectors
+import socket
+import sys
 import threading
+import time
 import urllib.parse
 import webbrowser
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +46,12 @@ _TYPES = {
     ".safetensors": "application/octet-stream",
 }
 _JS_SUFFIXES = (".html", ".js", ".css")
-WORKERS = 8  # requests served at once
-BACKLOG = 64  # connections accepted but waiting for a worker; beyond this they are closed
-TIMEOUT = 15.0  # seconds a connection may sit idle (or a client stall) before it is closed
+WORKERS = 8  # unused (make_server's `workers`, kept for compatibility): the server is one event loop
+MAX_CONNECTIONS = 256  # open at once; a connection beyond them is answered 503 and closed
+LISTEN_BACKLOG = 128  # connections the kernel queues before the loop accepts them
+TIMEOUT = 15.0  # seconds for a request head to arrive whole, and for a stalled download
+DRAIN_SECONDS = 2.0  # after a response, how long the client's leftover bytes are read before closing
+MAX_HEAD = 16384  # bytes of a request line and headers
 CHUNK = 1 << 16
 _BUNDLE_SUFFIXES = (".json", ".frag", ".vert", ".safetensors")
 
@@ -111,104 +119,327 @@ def _safe_file(root: Path, parts: list[str], suffixes: tuple[str, ...]) -> Path 
     return resolved
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """GET/HEAD of the demo page, the runtime and the bundle's files; nothing else."""
-
-    server_version = "glcomp"
-    sys_version = ""
-    protocol_version = "HTTP/1.0"  # one request per connection: no idle keep-alive workers
-    timeout = TIMEOUT  # StreamRequestHandler applies it to the socket
-    bundle_dir: Path
-    data_file: Path | None
-    quiet = True
-
-    def _resolve(self) -> Path | None:
-        raw = urllib.parse.urlsplit(self.path).path
-        if "%2f" in raw.lower() or "%5c" in raw.lower():
-            return None
-        path = urllib.parse.unquote(raw)
-        if path in ("/", "/index.html"):
-            path = "/demo.html"
-        parts = path.split("/")[1:]
-        if parts and parts[0] == "bundle":
-            parts = parts[1:]
-            if parts == [DATA_FILE] and self.data_file is not None:
-                return self.data_file
-            return _safe_file(self.bundle_dir, parts, _BUNDLE_SUFFIXES)
-        if len(parts) == 1:
-            return _safe_file(JS_DIR, parts, _JS_SUFFIXES)
+def _resolve(target: str, bundle_dir: Path, data_file: Path | None) -> Path | None:
+    """The file a request target names, or None (404)."""
+    raw = urllib.parse.urlsplit(target).path
+    if "%2f" in raw.lower() or "%5c" in raw.lower():
         return None
+    path = urllib.parse.unquote(raw)
+    if path in ("/", "/index.html"):
+        path = "/demo.html"
+    parts = path.split("/")[1:]
+    if parts and parts[0] == "bundle":
+        parts = parts[1:]
+        if parts == [DATA_FILE] and data_file is not None:
+            return data_file
+        return _safe_file(bundle_dir, parts, _BUNDLE_SUFFIXES)
+    if len(parts) == 1:
+        return _safe_file(JS_DIR, parts, _JS_SUFFIXES)
+    return None
 
-    def _host_ok(self) -> bool:
-        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
-        return host in ("127.0.0.1", "localhost", "")
 
-    def _serve(self, body: bool) -> None:
-        if not self._host_ok():
-            self.send_error(403, "unexpected Host header")
-            return
-        path = self._resolve()
-        if path is None:
-            self.send_error(404, "not found")
-            return
+def _host_ok(host: str) -> bool:
+    host = host.rsplit(":", 1)[0].strip("[]").lower()
+    return host in ("127.0.0.1", "localhost", "")
+
+
+def _head(status: int, headers: dict[str, str]) -> bytes:
+    reason = http.HTTPStatus(status).phrase
+    lines = [f"HTTP/1.0 {status} {reason}", "Server: glcomp", f"Date: {email.utils.formatdate(usegmt=True)}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines += ["Cache-Control: no-store", "X-Content-Type-Options: nosniff", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+def _error(status: int, message: str, body: bool = True) -> bytes:
+    text = f"{status} {http.HTTPStatus(status).phrase}: {message}\n".encode()
+    head = _head(status, {"Content-Type": "text/plain; charset=utf-8", "Content-Length": str(len(text))})
+    return head + text if body else head
+
+
+_OVERLOADED = _error(503, "the server is busy; try again")
+
+
+class _Conn:
+    """One connection: reading its request head, writing the response, or draining after it."""
+
+    __slots__ = ("addr", "deadline", "file", "inbuf", "last", "out", "remaining", "sock", "state")
+
+    def __init__(self, sock: socket.socket, addr: Any, deadline: float) -> None:
+        self.sock, self.addr, self.deadline = sock, addr, deadline
+        self.state = "read"  # -> "write" -> "drain"
+        self.inbuf = b""
+        self.out = b""
+        self.file: Any = None
+        self.remaining = 0
+        self.last = time.monotonic()
+
+
+class DemoServer:
+    """The demo's HTTP server: one thread, an event loop over non-blocking sockets.
+
+    A request's head must arrive whole within `timeout` seconds of the connection (a deadline
+    per request, not per read, so a client sending a header line every few seconds is dropped
+    like an idle one); a response whose client stops reading for `timeout` seconds is dropped
+    too. Slow or idle clients cost a socket and at most one CHUNK of memory each and never block
+    others: the loop serves whichever socket is ready. At most `max_connections` are open at
+    once; a connection beyond that is answered ``503 Service Unavailable`` and closed. Files are
+    streamed in CHUNK-sized pieces, never read whole.
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        bundle_dir: Path,
+        data_file: Path | None,
+        quiet: bool = True,
+        timeout: float = TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.bundle_dir, self.data_file, self.quiet = bundle_dir, data_file, quiet
+        self.timeout, self.max_connections = float(timeout), int(max_connections)
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            f = open(path, "rb")  # closed by the with below; streamed, never read whole
-        except OSError:
-            self.send_error(404, "not found")
-            return
-        with f:
-            self.send_response(200)
-            self.send_header("Content-Type", _TYPES.get(path.suffix, "application/octet-stream"))
-            self.send_header("Content-Length", str(os.fstat(f.fileno()).st_size))
-            self.send_header("Cache-Control", "no-store")
-            self.send_header("X-Content-Type-Options", "nosniff")
-            self.end_headers()
-            if body:
-                shutil.copyfileobj(f, self.wfile, CHUNK)
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind(address)
+            self.socket.listen(LISTEN_BACKLOG)
+            self.socket.setblocking(False)
+        except BaseException:
+            self.socket.close()
+            raise
+        self.server_address = self.socket.getsockname()[:2]
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.socket, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._conns: dict[int, _Conn] = {}
+        self._stop = False
+        self._running = threading.Event()
+        self._done = threading.Event()
+        self._done.set()
+        self._closed = False
 
-    def do_GET(self) -> None:
-        self._serve(True)
-
-    def do_HEAD(self) -> None:
-        self._serve(False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if not self.quiet:
-            super().log_message(format, *args)
-
-
-class PooledHTTPServer(http.server.HTTPServer):
-    """An HTTP server whose requests run on `workers` threads. At most `backlog` accepted
-    connections wait for a worker; further ones are closed at once, so a flood of clients costs
-    neither threads nor memory beyond those bounds."""
-
-    daemon_threads = True
-
-    def __init__(self, address: Any, handler: Any, workers: int = WORKERS, backlog: int = BACKLOG) -> None:
-        super().__init__(address, handler)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="glcomp-serve")
-        self._slots = threading.BoundedSemaphore(workers + backlog)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        self._pool.submit(self._work, request, client_address)
-
-    def _work(self, request: Any, client_address: Any) -> None:
+    # -- the loop -----------------------------------------------------------------------------
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until `shutdown()` (from another thread) or KeyboardInterrupt."""
+        self._done.clear()
+        self._running.set()
         try:
-            self.finish_request(request, client_address)
-        except OSError:  # includes TimeoutError
-            pass  # a client that went away or stalled past the timeout
-        except Exception:
-            self.handle_error(request, client_address)
+            while not self._stop:
+                now = time.monotonic()
+                wait = min([poll_interval] + [max(0.0, c.deadline - now) for c in self._conns.values()])
+                for key, events in self._sel.select(wait):
+                    if key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                    elif key.data is None:
+                        self._accept()
+                    else:
+                        self._step(key.data, events)
+                self._expire(time.monotonic())
         finally:
-            self.shutdown_request(request)
-            self._slots.release()
+            self._stop = False
+            self._running.clear()
+            self._done.set()
+
+    def shutdown(self) -> None:
+        """Stop `serve_forever` and wait until it has returned."""
+        if not self._running.is_set():
+            return
+        self._stop = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        self._done.wait()
 
     def server_close(self) -> None:
-        super().server_close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Close the listening socket and every connection (after `shutdown`)."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in list(self._conns.values()):
+            self._close(conn)
+        self._sel.close()
+        for sock in (self.socket, self._wake_r, self._wake_w):
+            sock.close()
+
+    def __enter__(self) -> DemoServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+        self.server_close()
+
+    def connections(self) -> int:
+        """How many client connections are open now."""
+        return len(self._conns)
+
+    # -- connections --------------------------------------------------------------------------
+    def _accept(self) -> None:
+        for _ in range(64):  # a burst at a time, then serve the others
+            try:
+                sock, addr = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of file descriptors, say: leave it in the kernel's queue a while
+                time.sleep(0.01)
+                return
+            sock.setblocking(False)
+            busy = sum(c.state != "drain" for c in self._conns.values()) >= self.max_connections
+            if busy and len(self._conns) >= 2 * self.max_connections:
+                sock.close()  # even the 503s are at their bound
+                continue
+            conn = _Conn(sock, addr, time.monotonic() + self.timeout)
+            self._conns[sock.fileno()] = conn
+            if busy:
+                self._log(conn, "- 503 (busy)")
+                self._respond(conn, _OVERLOADED)
+            else:
+                self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _step(self, conn: _Conn, events: int) -> None:
+        try:
+            if conn.state == "read" and events & selectors.EVENT_READ:
+                data = conn.sock.recv(MAX_HEAD)
+                if not data:
+                    self._close(conn)
+                    return
+                conn.inbuf += data
+                end = conn.inbuf.find(b"\r\n\r\n")
+                end = end if end >= 0 else conn.inbuf.find(b"\n\n")
+                if end >= 0:
+                    self._respond(conn, *self._handle(conn, conn.inbuf[:end]))
+                elif len(conn.inbuf) > MAX_HEAD:
+                    self._respond(conn, _error(431, "request head too large"))
+            elif conn.state == "write" and events & selectors.EVENT_WRITE:
+                self._send(conn)
+            elif conn.state == "drain" and events & selectors.EVENT_READ:
+                if not conn.sock.recv(MAX_HEAD):
+                    self._close(conn)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # reset by the client, or a file that became unreadable
+            self._close(conn)
+
+    def _respond(self, conn: _Conn, out: bytes, file: Any = None, size: int = 0) -> None:
+        conn.state, conn.out, conn.file, conn.remaining = "write", out, file, size
+        conn.last = time.monotonic()
+        conn.deadline = conn.last + self.timeout
+        self._watch(conn, selectors.EVENT_WRITE)
+        try:
+            self._send(conn)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._close(conn)
+
+    def _send(self, conn: _Conn) -> None:
+        while True:
+            if not conn.out and conn.file is not None and conn.remaining > 0:
+                conn.out = conn.file.read(min(CHUNK, conn.remaining))
+                conn.remaining -= len(conn.out)
+                if not conn.out:  # the file shrank while it was sent: the response is cut short
+                    self._close(conn)
+                    return
+            if not conn.out:
+                self._finish(conn)
+                return
+            sent = conn.sock.send(conn.out)
+            conn.out = conn.out[sent:]
+            conn.last = time.monotonic()
+            conn.deadline = conn.last + self.timeout  # a stall, not the whole download, is bounded
+            if conn.out:
+                return  # the socket's buffer is full: wait until it is writable
+
+    def _finish(self, conn: _Conn) -> None:
+        """The response is sent: half-close, then read what the client still sends until it
+        closes (a close with unread data would reset the connection and could lose the response)."""
+        if conn.file is not None:
+            conn.file.close()
+            conn.file = None
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        conn.state = "drain"
+        conn.deadline = time.monotonic() + min(self.timeout, DRAIN_SECONDS)
+        self._watch(conn, selectors.EVENT_READ)
+
+    def _watch(self, conn: _Conn, events: int) -> None:
+        try:
+            self._sel.modify(conn.sock, events, conn)
+        except KeyError:
+            self._sel.register(conn.sock, events, conn)
+
+    def _expire(self, now: float) -> None:
+        for conn in [c for c in self._conns.values() if c.deadline <= now]:
+            if conn.state == "read" and conn.inbuf:
+                self._log(conn, "- 408 (request head not complete in time)")
+                self._respond(conn, _error(408, "the request head did not arrive in time"))
+            else:
+                self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        if self._conns.pop(conn.sock.fileno(), None) is None:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(conn.sock)
+        if conn.file is not None:
+            conn.file.close()
+        conn.sock.close()
+
+    # -- requests -----------------------------------------------------------------------------
+    def _handle(self, conn: _Conn, head: bytes) -> tuple[bytes, Any, int]:
+        """The response (head bytes, file to stream, its size) to a request head."""
+        lines = head.decode("latin-1").replace("\r\n", "\n").split("\n")
+        words = lines[0].split()
+        if len(words) != 3 or not words[2].startswith("HTTP/1."):
+            self._log(conn, f"{lines[0][:80]!r} 400")
+            return _error(400, "bad request line"), None, 0
+        method, target, _ = words
+        headers = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                self._log(conn, f"{lines[0]!r} 400")
+                return _error(400, "bad header line"), None, 0
+            headers[name.strip().lower()] = value.strip()
+        body = method == "GET"
+        status, result = 200, None
+        if method not in ("GET", "HEAD"):
+            status, result = 501, (_error(501, f"unsupported method {method!r}"), None, 0)
+        elif not _host_ok(headers.get("host", "")):
+            status, result = 403, (_error(403, "unexpected Host header", body), None, 0)
+        else:
+            path = _resolve(target, self.bundle_dir, self.data_file)
+            f = None
+            with contextlib.suppress(OSError):
+                f = open(path, "rb") if path is not None else None  # closed once sent; streamed
+            if f is None or path is None:
+                status, result = 404, (_error(404, "not found", body), None, 0)
+            else:
+                size = os.fstat(f.fileno()).st_size
+                kind = _TYPES.get(path.suffix, "application/octet-stream")
+                out = _head(200, {"Content-Type": kind, "Content-Length": str(size)})
+                if not body:
+                    f.close()
+                    f, size = None, 0
+                result = (out, f, size)
+        self._log(conn, f"{lines[0]!r} {status}")
+        return result
+
+    def _log(self, conn: _Conn, text: str) -> None:
+        if not self.quiet:
+            when = time.strftime("%d/%b/%Y %H:%M:%S")
+            print(f"{conn.addr[0]} - - [{when}] {text}", file=sys.stderr)
+
+
+def _check_port(port: Any) -> int:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise GlcompError(f"port must be an integer from 0 to 65535 (0: any free port), got {port!r}")
+    return port
 
 
 def make_server(
@@ -218,15 +449,21 @@ def make_server(
     quiet: bool = True,
     workers: int = WORKERS,
     timeout: float = TIMEOUT,
-) -> PooledHTTPServer:
+    max_connections: int = MAX_CONNECTIONS,
+) -> DemoServer:
     """An HTTP server on 127.0.0.1:`port` (0: any free port) for `bundle_dir` and the demo page.
 
     `data`: None (serve ``bundle_dir/data.safetensors`` if there is one), a path to a
     data.safetensors file, or a tuple (x_train, y_train, x_test, y_test) written into
     `bundle_dir` with `export_data`. Call ``serve_forever()`` (or run it in a thread) and
-    ``server_close()`` when done. `workers` requests are served at once; a connection idle for
-    `timeout` seconds is closed.
+    ``shutdown()`` then ``server_close()`` when done. A request must arrive within `timeout`
+    seconds of its connection and a client may stall a response for at most `timeout` seconds;
+    at most `max_connections` are open at once, further ones are answered 503 (see DemoServer).
+    `workers` is accepted for compatibility and unused: the server runs on one thread.
+    OSError when the port cannot be bound (taken, say).
     """
+    del workers
+    port = _check_port(port)
     bundle = Path(bundle_dir)
     if not bundle.is_dir():
         raise GlcompError(f"{bundle}: not a directory")
@@ -237,12 +474,14 @@ def make_server(
         data_file = Path(data).resolve()
         if not data_file.is_file():
             raise GlcompError(f"{data}: no such data file")
-    handler = type(
-        "GlcompHandler",
-        (_Handler,),
-        {"bundle_dir": bundle.resolve(), "data_file": data_file, "quiet": quiet, "timeout": timeout},
+    return DemoServer(
+        (HOST, port),
+        bundle.resolve(),
+        data_file,
+        quiet=quiet,
+        timeout=timeout,
+        max_connections=max_connections,
     )
-    return PooledHTTPServer((HOST, port), handler, workers=workers)
 
 
 def serve(
@@ -259,14 +498,15 @@ def serve(
     if "train_step" not in bundle.manifest["entries"]:
         print("note: the bundle has no train_step (compile with a loss and an optimizer to train it)")
     try:
-        server = make_server(bundle_dir, port, data, quiet=quiet)
+        server = make_server(bundle_dir, _check_port(port), data, quiet=quiet)
     except OSError as err:
-        raise GlcompError(f"cannot listen on {HOST}:{port} ({err.strerror or err})") from None
+        hint = " (give another --port, or --port 0 for any free port)" if port else ""
+        raise GlcompError(f"cannot listen on port {port} of {HOST}: {err.strerror or err}{hint}") from None
     url = f"http://{HOST}:{server.server_address[1]}/"
-    has_data = server.RequestHandlerClass.data_file is not None or (Path(bundle_dir) / DATA_FILE).is_file()
+    has_data = server.data_file is not None or (Path(bundle_dir) / DATA_FILE).is_file()
     note = "" if has_data else f" (no {DATA_FILE}: nothing to train on)"
-    print(f"serving {Path(bundle_dir)} at {url}{note}")
-    print("press Ctrl-C to stop")
+    print(f"serving {Path(bundle_dir)} at {url}{note}", flush=True)
+    print("press Ctrl-C to stop", flush=True)
     if open_browser:
         threading.Timer(0.3, webbrowser.open, args=(url,)).start()
     try:
