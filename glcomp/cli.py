@@ -572,8 +572,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from glcomp.codegen.bundle import build_bundle
 
     source = args.example
-    if not source.endswith(".py") or not Path(source).is_file():
+    if not source.endswith(".py"):
         raise GlcompError(f"{source}: expected an example .py file that defines build()")
+    wanted = "give the path of an example .py file that defines build()"
+    if not Path(source).exists():
+        raise GlcompError(f"{source}: no such file ({wanted})")
+    if not Path(source).is_file():
+        raise GlcompError(f"{source} is not a file ({wanted})")
     out = Path(args.out) if args.out else Path("runs") / Path(source).stem
     check_run_dir(out)
     module = load_source(source)

@@ -165,6 +165,12 @@ def triu(t: Any, diagonal: int = 0) -> Any:
 
 def _need(t: Any, what: str) -> Tensor:
     if not isinstance(t, Tensor):
+        if isinstance(t, np.ndarray | np.generic):
+            raise GlcompError(
+                f"glcomp.{what} works on the tensors of a model being compiled, not on numpy arrays (got "
+                f"{type(t).__name__}): compile the model first (prog = glcomp.compile(model, inputs, loss, "
+                "optimizer)) and run it with prog.runtime(...).predict / train_step"
+            )
         raise GlcompError(f"glcomp.{what} takes a traced tensor here, got {type(t).__name__}")
     return t
 
@@ -222,6 +228,8 @@ def mean(t: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
+    if not isinstance(b, Tensor):
+        _need(a, "matmul")  # numpy operands: GlcompError saying to compile the model first
     return T.matmul(a, b)
 
 
@@ -233,7 +241,13 @@ def clamp(t: Tensor, min: Any = None, max: Any = None) -> Tensor:
 
 
 clip = clamp
-pow = T.pow  # noqa: A001
+
+
+def pow(a: Any, b: Any) -> Tensor:  # noqa: A001
+    """torch.pow (glcomp.ir.tensor.pow)."""
+    if not isinstance(b, Tensor):
+        _need(a, "pow")  # numpy operands: GlcompError saying to compile the model first
+    return T.pow(a, b)
 
 
 def split(t: Tensor, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]:

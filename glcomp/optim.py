@@ -8,6 +8,7 @@ one graph (and, on the GPU, one schedule of kernels).
 from __future__ import annotations
 
 import math
+import numbers
 import weakref
 from typing import Any
 
@@ -15,12 +16,17 @@ from glcomp.errors import GlcompError
 from glcomp.ir.tensor import Tensor, where
 
 
+def _ok(v: Any) -> bool:
+    """A finite number >= 0 (not a bool): what every learning rate and hyper-parameter must be."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
 class Optimizer:
     """Base class. `params`, if given, restricts the update to those Parameters."""
 
     def __init__(self, params: Any = None, lr: float = 1e-3) -> None:
-        if lr < 0:
-            raise GlcompError(f"{type(self).__name__}: invalid learning rate {lr}")
+        if not _ok(lr):  # as set_lr: a NaN or infinite rate would train to NaN from the second step
+            raise GlcompError(f"{type(self).__name__}: invalid learning rate {lr!r}")
         self.params = list(params) if params is not None else None
         self.lr = float(lr)
         self._runtimes: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -75,7 +81,7 @@ class SGD(Optimizer):
         nesterov: bool = False,
     ) -> None:
         super().__init__(params, lr)
-        if momentum < 0 or weight_decay < 0:
+        if not (_ok(momentum) and _ok(weight_decay)):
             raise GlcompError(f"SGD: momentum and weight_decay must be >= 0, got {momentum}, {weight_decay}")
         if nesterov and momentum <= 0:
             raise GlcompError("SGD: nesterov momentum requires a momentum > 0")
@@ -130,9 +136,9 @@ class Adam(Optimizer):
             raise GlcompError(f"Adam: betas must be a pair of floats, got {betas!r}")
         if not all(isinstance(b, int | float) and 0.0 <= b < 1.0 for b in betas):
             raise GlcompError(f"Adam: betas must be in [0, 1), got {betas}")
-        if not isinstance(eps, int | float) or eps < 0:
+        if not _ok(eps):
             raise GlcompError(f"Adam: eps must be a number >= 0, got {eps!r}")
-        if not isinstance(weight_decay, int | float) or weight_decay < 0:
+        if not _ok(weight_decay):
             raise GlcompError(f"Adam: weight_decay must be a number >= 0, got {weight_decay!r}")
         self.betas, self.eps, self.weight_decay = (float(betas[0]), float(betas[1])), eps, weight_decay
 
@@ -179,7 +185,7 @@ class AdamW(Adam):
         weight_decay: float = 1e-2,
     ) -> None:
         super().__init__(params, lr, betas, eps, 0.0)
-        if not isinstance(weight_decay, int | float) or weight_decay < 0:
+        if not _ok(weight_decay):
             raise GlcompError(f"AdamW: weight_decay must be a number >= 0, got {weight_decay!r}")
         self.decoupled = float(weight_decay)
 
@@ -191,8 +197,8 @@ class AdamW(Adam):
 
 def _nonneg(owner: str, **values: Any) -> None:
     for name, v in values.items():
-        if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
-            raise GlcompError(f"{owner}: {name} must be a number >= 0, got {v!r}")
+        if not _ok(v):
+            raise GlcompError(f"{owner}: {name} must be a finite number >= 0, got {v!r}")
 
 
 class RMSprop(Optimizer):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
+from glcomp.errors import GlcompError
 from glcomp.ir.tensor import (
     Tensor,
     _fail,
@@ -810,3 +814,29 @@ __all__ = [
     "softplus",
     "tanh",
 ]
+
+
+def _traced_only(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, refusing numpy arrays when no traced tensor is given with them: these functions
+    build the graph `glcomp.compile` traces (a raw AttributeError from deep inside otherwise)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        values = (*args, *kwargs.values())
+        if not any(isinstance(v, Tensor) for v in values):
+            arrays = [type(v).__name__ for v in values if isinstance(v, np.ndarray | np.generic)]
+            if arrays:
+                raise GlcompError(
+                    f"F.{name} works on the tensors of a model being compiled, not on numpy arrays "
+                    f"(got {arrays[0]}): compile the model first (prog = glcomp.compile(model, inputs, "
+                    "loss, optimizer)) and run it with prog.runtime(...).predict / train_step"
+                )
+        return fn(*args, **kwargs)
+
+    return call
+
+
+for _name in __all__:
+    if _name not in ("RNG_STEP", "rand") and callable(globals()[_name]):
+        globals()[_name] = _traced_only(_name, globals()[_name])
+del _name
