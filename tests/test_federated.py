@@ -288,3 +288,100 @@ def test_round_store_refuses_another_models_directory(tmp_path: Path) -> None:
     (tmp_path / "g" / "notes.txt").write_text("mine")
     with pytest.raises(GlcompError, match="not empty and not a federation directory"):
         RoundStore(tmp_path / "g", prog).open()
+
+
+# -- FedProx, FedAdam, the site's checks, the round store (no Flower run) ----------------------------
+def test_fedprox_proximal_step_keeps_the_site_near_the_global_model() -> None:
+    prog = _program()
+    start = {k: np.asarray(v, np.float32) for k, v in (prog.params | prog.buffers).items()}
+    norms = {}
+    for mu in (0.0, 5.0):
+        with prog.runtime("reference") as rt:
+            r = local_train(rt, prog, SITES[2].data, start, site="c", epochs=2, seed=SEED, proximal_mu=mu)
+        norms[mu] = r.update_norm
+    assert 0 < norms[5.0] < 0.8 * norms[0.0]
+    with (
+        pytest.raises(GlcompError, match="proximal-mu must be a finite number"),
+        prog.runtime("reference") as rt,
+    ):
+        local_train(rt, prog, SITES[2].data, start, site="c", proximal_mu=float("nan"))
+
+
+def test_fedadam_aggregate_is_float32_and_its_state_is_restored() -> None:
+    from flwr.serverapp.strategy import FedAdam
+
+    prog = _program()
+    shapes = federated_shapes(prog)
+    rng = np.random.default_rng(1)
+    current = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+    cls = _checked_strategy_class()
+    strategy = cls(FedAdam(eta=0.1), shapes)
+    strategy.inner.current_arrays = dict(current)  # what configure_train records
+    update = {k: v + 0.01 for k, v in current.items()}
+    agg, _ = strategy.aggregate_train(1, [_reply(update, 5, "a"), _reply(update, 5, "b")])
+    assert all(agg[k].numpy().dtype == np.float32 for k in shapes)  # Flower's FedAdam returns float64
+    state = strategy.strategy_state()
+    assert sorted(state) == sorted([f"m_t/{k}" for k in shapes] + [f"v_t/{k}" for k in shapes])
+    fresh = cls(FedAdam(eta=0.1), shapes)
+    fresh.load_strategy_state(state)
+    for k in shapes:
+        np.testing.assert_array_equal(fresh.inner.m_t[k], strategy.inner.m_t[k])
+
+
+def _instruction(arrays: dict[str, np.ndarray]) -> Message:
+    meta = Metadata(
+        run_id=1,
+        message_id="m",
+        src_node_id=0,
+        dst_node_id=7,
+        reply_to_message_id="",
+        group_id="1",
+        created_at=time.time(),
+        ttl=60.0,
+        message_type=MessageType.TRAIN,
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+            "config": ConfigRecord({"server-round": 1}),
+        }
+    )
+    return Message(content=content, metadata=meta)
+
+
+def test_a_site_checks_the_global_weights_it_receives() -> None:
+    from flwr.app import Context
+
+    prog = _program()
+    client = GlcompClient(prog, SITES, epochs=1)
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 2}, state=RecordDict(), run_config={})
+    good = {k: np.asarray(v, np.float32) for k, v in (prog.params | prog.buffers).items()}
+    reply = client.train(_instruction(good), context)
+    assert reply.content["metrics"]["num-examples"] == 32
+    assert reply.content["site"]["name"] == "clinic-c" and reply.content["site"]["renderer"] == "numpy"
+    bad = good | {"0.weight": np.zeros((2, 2), np.float32)}
+    with pytest.raises(
+        GlcompError, match=r"update from the server rejected: .*'0.weight' has shape \(2, 2\)"
+    ):
+        client.train(_instruction(bad), context)
+    lost = Context(run_id=1, node_id=7, node_config={"partition-id": 5}, state=RecordDict(), run_config={})
+    with pytest.raises(GlcompError, match="partition-id 5 names none of the 3 sites"):
+        client.train(_instruction(good), lost)
+
+
+def test_round_store_keeps_only_whole_rounds(tmp_path: Path) -> None:
+    from glcomp.federated import RoundStore
+
+    prog = _program()
+    store = RoundStore(tmp_path / "f", prog, keep=2)
+    store.open()
+    half = tmp_path / "f" / ".round-0002.abc.partial"  # a server killed while saving round 2
+    (half / "model").mkdir(parents=True)
+    with prog.runtime("reference") as rt:
+        for r in range(3):
+            assert store.rounds() == list(range(r))[-2:]  # the newest two (keep=2)
+            store.save(r, rt, {"round": r}, {"m_t/x": np.ones(2, np.float32)})
+    assert store.rounds() == [1, 2] and not half.exists()
+    latest = store.latest()
+    assert latest is not None and latest.round == 2 and latest.info == {"round": 2}
+    np.testing.assert_array_equal(latest.strategy_state["m_t/x"], np.ones(2, np.float32))
