@@ -11,6 +11,7 @@ from glcomp import (
     onnx,  # ONNX import: the onnx package itself is imported only by glcomp.onnx.load
     optim,
 )
+from glcomp._version import __version__ as __version__  # the one place (pyproject reads it too)
 from glcomp.compiler import compile, trace
 from glcomp.errors import GlcompError
 from glcomp.functions import (
@@ -68,8 +69,6 @@ from glcomp.ir.tensor import MinMax, Tensor, cat, maximum, minimum, stack, where
 from glcomp.nn.init import manual_seed
 from glcomp.program import Program
 from glcomp.variants import VariantSet, compile_variants, load_variants
-
-__version__ = "0.1.0"
 
 
 def load(directory: "str | os.PathLike[str]") -> Program:
