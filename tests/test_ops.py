@@ -60,6 +60,11 @@ def o_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def o_bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A product per batch element, each by o_matmul's loops."""
+    return np.stack([o_matmul(a[i], b[i]) for i in range(a.shape[0])]) if a.shape[0] else np.zeros(0)
+
+
 def o_reshape(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     values = [a[idx] for idx in each(a.shape)]  # row-major order
     out = np.zeros(shape)
@@ -264,6 +269,7 @@ ORACLES: dict[str, Callable[..., np.ndarray]] = {
     "where": per_element(lambda c, a, b: a if c != 0 else b),
     "one_hot": o_one_hot,
     "matmul": o_matmul,
+    "bmm": o_bmm,
     "reshape": o_reshape,
     "permute": o_permute,
     "expand": o_expand,

@@ -751,8 +751,8 @@ def one_hot(labels: Tensor, num_classes: int) -> Tensor:
 
 
 def _batched_matmul(a: Tensor, b: Tensor) -> Tensor:
-    """torch.matmul with a batched right operand: batch dims broadcast, one 2-D product per
-    batch element (the matmul primitive is two-dimensional), stacked back together."""
+    """torch.matmul with a batched right operand: batch dims broadcast and flattened into one
+    batch axis, one `bmm` over the whole batch (one kernel, whatever the batch size)."""
     a2 = a.unsqueeze(0) if a.ndim == 1 else a
     if a2.shape[-1] != b.shape[-2]:
         raise _fail(
@@ -763,8 +763,7 @@ def _batched_matmul(a: Tensor, b: Tensor) -> Tensor:
     count = math.prod(batch)
     lhs = reshape(broadcast_to(a2, batch + a2.shape[-2:]), (count,) + a2.shape[-2:])
     rhs = reshape(broadcast_to(b, batch + b.shape[-2:]), (count,) + b.shape[-2:])
-    out = stack([matmul(getitem(lhs, i), getitem(rhs, i)) for i in range(count)], 0)
-    out = reshape(out, batch + out.shape[1:])
+    out = reshape(prim("bmm", lhs, rhs), batch + (a2.shape[-2], b.shape[-1]))
     return out.squeeze(-2) if a.ndim == 1 else out
 
 

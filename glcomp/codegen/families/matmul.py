@@ -153,6 +153,49 @@ register(
 )
 
 
+# -- bmm: a batch of products, one draw over the whole batch ----------------------------------------
+@dataclass(frozen=True)
+class BmmTexel:
+    """bmm.frag.j2's root4: the texel (n[i0, i1, j0 + c])_c, K stepped by 4. A is read through its
+    vec4 function (A's texel (i0, i1, k0..k0+3)); B by rows (form "vec4": B's texel (i0, k, j0..))
+    or, where B is the transpose of the last two axes of S (q @ k.transpose(-2, -1)), along S's
+    rows (form "transposed": S's texel (i0, j0 + c, k0..k0+3), one dot product per column)."""
+
+    params4: str
+    args4: str
+    last: str
+    row_len: int
+    K: int
+    N: int
+    A: Operand
+    B: Operand
+
+
+def bmm_extent(shapes: list[tuple[int, ...]], attrs: dict[str, Any]) -> int:
+    """One loop over K per output element."""
+    return shapes[0][2]
+
+
+def bmm_root(r: RenderContext, n: int) -> MatmulRoot:
+    a, b = r.graph.operands(n)
+    return MatmulRoot(r.graph.shape(a)[2], r.fn(a), r.fn(b))
+
+
+def bmm_root4(r: RenderContext, n: int) -> BmmTexel:
+    g = r.graph
+    a, b = g.operands(n)
+    # B the transpose of S, fused here (not a stored value of its own, which is read by rows).
+    if b not in r.textures and g.op(b) == "permute" and tuple(g.attrs(b)["perm"]) == (0, 2, 1):
+        right = Operand("transposed", fn4=r.fn4(g.operands(b)[0]))
+    else:
+        right = Operand("vec4", fn4=r.fn4(b))
+    head = r.root4_head(n)
+    return BmmTexel(**head, K=g.shape(a)[2], N=g.shape(b)[2], A=Operand("vec4", fn4=r.fn4(a)), B=right)
+
+
+register(Lowering("bmm", "bmm", loop_extent=bmm_extent, root=bmm_root, root4=bmm_root4))
+
+
 @dataclass(frozen=True)
 class Tiling:
     """How one matmul kernel is tiled: product `node` = A @ B with A the stored texture `a`

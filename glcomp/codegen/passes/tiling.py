@@ -100,7 +100,7 @@ def choose_tiling(
     if target.webgl1 or target.max_draw_buffers < 2 or len(kernel.roots) != 1:
         return None
     (n,) = kernel.roots
-    if get_op(graph.op(n)).kind != "matmul" or layouts[n].pages != 1:
+    if get_op(graph.op(n)).kind != "matmul" or len(graph.shape(n)) != 2 or layouts[n].pages != 1:
         return None
     a, b = graph.operands(n)
     (m, k), cols = graph.shape(a), graph.shape(n)[1]
