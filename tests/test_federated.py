@@ -385,3 +385,67 @@ def test_round_store_keeps_only_whole_rounds(tmp_path: Path) -> None:
     latest = store.latest()
     assert latest is not None and latest.round == 2 and latest.info == {"round": 2}
     np.testing.assert_array_equal(latest.strategy_state["m_t/x"], np.ones(2, np.float32))
+
+
+# -- secure aggregation (SecAgg+) ---------------------------------------------------------------------
+def _wire_bytes(msg: Any) -> int:
+    """The bytes of a message's content as Flower ships it (its deduplicated object tree)."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    return sum(len(obj.deflate()) for obj in get_all_nested_objects(msg.content).values())
+
+
+class ByteCounter:
+    """A Flower client mod writing the size of every reply a site sends (one JSON line each)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __call__(self, msg: Any, context: Any, call_next: Any) -> Any:
+        out = call_next(msg, context)
+        line = {"site": int(context.node_config["partition-id"]), "bytes": _wire_bytes(out)}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+        return out
+
+
+def test_simulation_secure_aggregation_matches_fedavg(tmp_path: Path, gl_ctx: Any) -> None:
+    import ray.cloudpickle
+    from flwr.app import Context
+
+    from glcomp.federated import RoundStore, run_simulation
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    prog = _program()
+    out = tmp_path / "secure"
+    # max_weight: SecAgg+ scales each site's weights by num-examples / max_weight before quantizing
+    # them to 2**22 levels over [-8, 8]; a max_weight near the largest site keeps that precise.
+    secure = {"max_weight": 64.0}
+    server = GlcompServer(prog, out, num_rounds=1, min_clients=3, eval_data=_data(20, 9), secure=secure)
+    client = GlcompClient(prog, SITES, epochs=1, seed=SEED)
+    counter = ByteCounter(tmp_path / "bytes.jsonl")
+    run_simulation(server, client.app(mods=[counter], secure=True), num_supernodes=3)
+    store = RoundStore(out, prog)
+    assert store.rounds() == [0, 1]
+    info = store.load(1).info
+    assert info["secure"] is True and info["answered"] == 3 and info["sites"] == []  # nothing per site
+
+    expected, _ = _hand_fedavg(prog, store.load(0).weights, 1, gl_ctx)
+    got = store.load(1).weights
+    diff = max(float(np.abs(got[k] - expected[k]).max()) for k in expected)
+    # Each site's scaled weights are rounded (stochastically) to within one quantization level of
+    # 16 / 2**22; the sum of three is divided by the sum of the scale factors (72 examples / 64):
+    # the aggregate is within 3 such levels of FedAvg's, whatever the random rounding did.
+    level = 16 / 2**22 * 64 / 72
+    print(f"SecAgg+ vs plain FedAvg: max abs difference {diff:.3g} (quantization level {level:.2g})")
+    assert diff < 3 * level + 1e-7
+
+    sent: dict[int, int] = {}
+    for line in (tmp_path / "bytes.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        sent[rec["site"]] = sent.get(rec["site"], 0) + rec["bytes"]
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    weights = {k: np.asarray(v, np.float32) for k, v in (prog.params | prog.buffers).items()}
+    plain = _wire_bytes(GlcompClient(prog, SITES, epochs=1).train(_instruction(weights), context))
+    print(f"bytes sent per site in a round: {plain} plain, {sorted(sent.values())} with SecAgg+")
+    assert len(sent) == 3 and all(v > plain for v in sent.values())

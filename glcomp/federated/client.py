@@ -142,6 +142,10 @@ class GlcompClient:
     def train(self, msg: Any, context: Any) -> Any:
         """Handle a Flower train message: the reply carries the site's new weights and metrics."""
         fl = _flwr()
+        if "fitins.parameters" in msg.content.array_records:  # a SecAgg+ round (Flower's FitIns)
+            from glcomp.federated.secure import legacy_train
+
+            return legacy_train(self, msg, context)
         program = self.program()
         site = self.site(context)
         config = _config(msg)
@@ -220,10 +224,16 @@ class GlcompClient:
         )
         return fl.app.Message(content=content, reply_to=msg)
 
-    def app(self, mods: Sequence[Any] | None = None) -> Any:
-        """A `flwr.clientapp.ClientApp` running this client (`mods`: Flower client mods)."""
+    def app(self, mods: Sequence[Any] | None = None, secure: bool = False) -> Any:
+        """A `flwr.clientapp.ClientApp` running this client (`mods`: Flower client mods; `secure`
+        adds Flower's `secaggplus_mod`, which masks the reply of a SecAgg+ round)."""
         fl = _flwr()
-        app = fl.clientapp.ClientApp(mods=list(mods or []))
+        mods = list(mods or [])
+        if secure:
+            from flwr.client.mod import secaggplus_mod
+
+            mods.append(secaggplus_mod)
+        app = fl.clientapp.ClientApp(mods=mods)
         app.train()(self.train)
         app.evaluate()(self.evaluate)
         return app

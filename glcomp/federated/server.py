@@ -285,7 +285,10 @@ class GlcompServer:
     every round on `eval_runtime`. `local_epochs`, `local_steps`, `lr`: sent to the sites in the
     train config. `on_reject`: ``"skip"`` leaves a bad update out of the round, ``"fail"`` ends the
     run. `fraction_evaluate`: share of sites asked for client-side evaluation (0: none).
-    `progress`: called with one line per round (default print; None for silence)."""
+    `progress`: called with one line per round (default print; None for silence). `secure`: True
+    (or SecAggPlusWorkflow options such as ``{"clipping_range": 8.0}``) aggregates with Flower's
+    SecAgg+ (glcomp.federated.secure): FedAvg only, the sites' apps need ``secaggplus_mod``
+    (``client.app(secure=True)``), and single updates cannot be checked, only their aggregate."""
 
     def __init__(
         self,
@@ -308,6 +311,7 @@ class GlcompServer:
         timeout: float = 3600.0,
         max_examples: int = 10**9,
         progress: Callable[[str], Any] | None = print,
+        secure: bool | Mapping[str, Any] = False,
     ) -> None:
         if isinstance(program, (str, os.PathLike)):
             import glcomp
@@ -333,6 +337,7 @@ class GlcompServer:
         self.on_reject, self.keep_rounds, self.resume = on_reject, keep_rounds, resume
         self.fraction_evaluate, self.timeout, self.max_examples = fraction_evaluate, timeout, max_examples
         self.progress = progress
+        self.secure = secure
         self.store = RoundStore(self.out_dir, program, keep_rounds)
         self.result: Any = None  # Flower's Result of the last run
         self.checked: Any = None  # the CheckedStrategy of the last run (its .rounds)
@@ -361,6 +366,10 @@ class GlcompServer:
     def main(self, grid: Any, context: Any) -> Any:
         """The ServerApp's main: resume or start, run the remaining rounds, return Flower's Result."""
         fl = _flwr()
+        if self.secure:
+            from glcomp.federated.secure import secure_main
+
+            return secure_main(self, grid, context)
         self.store.open()
         expected = federated_shapes(self.program)
         saved = self.store.latest()

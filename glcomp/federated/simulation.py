@@ -31,7 +31,8 @@ def run_simulation(
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     from flwr.simulation import run_simulation as flwr_run_simulation
 
-    client_app = client.app() if hasattr(client, "train") and hasattr(client, "app") else client
+    secure = bool(getattr(server, "secure", False))
+    client_app = client.app(secure=secure) if hasattr(client, "train") and hasattr(client, "app") else client
     config = backend_config or {"client_resources": {"num_cpus": num_cpus, "num_gpus": 0.0}}
     flwr_run_simulation(
         server_app=server.app(),
