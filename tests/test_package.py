@@ -134,3 +134,24 @@ def test_install_sh_does_not_retry_other_failures(tmp_path: Path) -> None:
     )
     assert done.returncode == 100 and "Unable to locate package" in done.stderr
     assert len(log.read_text().splitlines()) == 1
+
+
+def test_the_npm_package_describes_the_runtime() -> None:
+    """packages/glcomp-js: a public package named glcomp whose `exports` give the declarations and
+    the runtime that copy-runtime.mjs copies from glcomp/runtime/js (scripts/test_npm.sh packs,
+    installs and type-checks it)."""
+    pkg = json.loads(NPM.read_text())
+    assert pkg["name"] == "glcomp" and not pkg.get("private") and pkg["type"] == "module"
+    assert pkg["exports"]["."] == {
+        "types": "./glcomp.d.ts",
+        "import": "./dist/glcomp.js",
+        "default": "./dist/glcomp.js",
+    }
+    assert pkg["types"] == "./glcomp.d.ts" and "glcomp.d.ts" in pkg["files"] and "dist/" in pkg["files"]
+    assert pkg["scripts"]["prepack"] == "node copy-runtime.mjs"
+    dts = (NPM.parent / "glcomp.d.ts").read_text()
+    exported = (ROOT / "glcomp" / "runtime" / "js" / "glcomp.js").read_text()
+    names = [n.strip() for block in exported.split("export {")[1:] for n in block.split("}")[0].split(",")]
+    missing = [n for n in names if n and f"export class {n}" not in dts and f"export const {n}" not in dts
+               and f"export function {n}" not in dts]  # fmt: skip
+    assert not missing, f"glcomp.d.ts does not declare {missing}"

@@ -1,0 +1,33 @@
+/* global console, process */
+// Copies the browser runtime (glcomp/runtime/js: glcomp.js and every module it imports, found by
+// following its relative imports) into dist/ before `npm pack`, and checks that this package's
+// version is glcomp's (glcomp/_version.py, the one place). No dependencies.
+import { copyFileSync, mkdirSync, readFileSync, rmSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const src = join(here, "..", "..", "glcomp", "runtime", "js");
+const dist = join(here, "dist");
+
+const python = readFileSync(join(here, "..", "..", "glcomp", "_version.py"), "utf8");
+const version = /__version__ = "([^"]+)"/.exec(python)?.[1];
+const pkg = JSON.parse(readFileSync(join(here, "package.json"), "utf8"));
+if (pkg.version !== version) {
+  console.error(`package.json's version ${pkg.version} is not glcomp's ${version} (glcomp/_version.py)`);
+  process.exit(1);
+}
+
+const wanted = new Set();
+const visit = (name) => {
+  if (wanted.has(name)) return;
+  wanted.add(name);
+  const text = readFileSync(join(src, name), "utf8");
+  for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"\.\/([\w.-]+\.js)"/gms)) visit(m[1]);
+};
+visit("glcomp.js");
+
+rmSync(dist, { recursive: true, force: true });
+mkdirSync(dist);
+for (const name of [...wanted].sort()) copyFileSync(join(src, name), join(dist, name));
+console.log(`dist/: ${[...wanted].sort().join(", ")}`);
