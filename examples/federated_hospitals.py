@@ -3,6 +3,7 @@
     pip install 'glcomp[federated,examples]'
     python examples/federated_hospitals.py [--rounds 5] [--epochs 2] [--strategy fedavg|fedprox|fedadam]
                                            [--split iid|dirichlet:0.5] [--out runs/federated_hospitals]
+                                           [--secure]
 
 scikit-learn's 8x8 digits are split 80/20 as in examples/digits_cnn.py (1437 training, 360 test
 images); the training images are dealt out to three hospitals in disjoint parts (at random, or
@@ -14,7 +15,8 @@ weights, the server checks and averages them, evaluates the global model on the 
 images and saves it as a glcomp bundle in OUT/round-NNNN/model. Running the command again
 resumes after the last saved round (`--rounds` counts the whole federation); `glcomp run
 OUT/round-0005/model --input x=...` runs the result. Each hospital's audit log (what it computed
-and sent, per round) is OUT/audit/<hospital>.jsonl.
+and sent, per round) is OUT/audit/<hospital>.jsonl. With --secure the server aggregates with
+Flower's SecAgg+ and sees only the sum of the hospitals' weights, never one hospital's.
 
 Measured on 2 shared vCPUs of an AMD EPYC (llvmpipe, load average 5 to 10), 2 local epochs (28
 steps of 32 images per hospital per round), IID split: global test accuracy 71.1% after round 1,
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> Any:
     parser.add_argument("--split", default="iid", help="iid or dirichlet:ALPHA")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/federated_hospitals")
+    parser.add_argument("--secure", action="store_true", help="secure aggregation (Flower's SecAgg+, FedAvg)")
     args = parser.parse_args(argv)
 
     d = data()
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None) -> Any:
         strategy_options=options,
         min_clients=len(sites),
         eval_data={"x": d["x_test"], "y": d["y_test"]},
+        secure=args.secure,
     )
     client = GlcompClient(
         prog, sites, epochs=args.epochs, seed=args.seed, audit_dir=Path(args.out).resolve() / "audit"

@@ -364,6 +364,10 @@ def test_a_site_checks_the_global_weights_it_receives() -> None:
         GlcompError, match=r"update from the server rejected: .*'0.weight' has shape \(2, 2\)"
     ):
         client.train(_instruction(bad), context)
+    odd = _instruction(good)
+    odd.content["config"]["lr"] = "fast"
+    with pytest.raises(GlcompError, match="the server's config 'lr' must be a finite number, got 'fast'"):
+        client.train(odd, context)
     lost = Context(run_id=1, node_id=7, node_config={"partition-id": 5}, state=RecordDict(), run_config={})
     with pytest.raises(GlcompError, match="partition-id 5 names none of the 3 sites"):
         client.train(_instruction(good), lost)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import threading
 import time
@@ -154,8 +155,8 @@ class GlcompClient:
         global_weights = check_array_record(_arrays(msg), expected, "the server")
         epochs = _int_option(config, "local-epochs", self.epochs)
         steps = _int_option(config, "local-steps", self.steps)
-        lr = config.get("lr", self.lr)
-        mu = float(config.get("proximal-mu", 0.0))
+        lr = _number_option(config, "lr", self.lr)
+        mu = _number_option(config, "proximal-mu", 0.0)
 
         state = context.state
         opt: Any = "reset"
@@ -297,6 +298,15 @@ def _int_option(config: dict[str, Any], key: str, default: int | None) -> Any:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise GlcompError(f"the server's config {key!r} must be a positive integer, got {value!r}")
     return value
+
+
+def _number_option(config: dict[str, Any], key: str, default: float | None) -> Any:
+    if key not in config:
+        return default
+    value = config[key]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise GlcompError(f"the server's config {key!r} must be a finite number, got {value!r}")
+    return float(value)
 
 
 def _renderer(rt: Any, kind: str) -> str:
