@@ -65,6 +65,8 @@ def legacy_train(client: Any, msg: Any, context: Any) -> Any:
     from flwr.common import Code, FitRes, Status
     from flwr.compat.common.recorddict_compat import fitres_to_recorddict, recorddict_to_fitins
 
+    from glcomp.federated.client import _renderer
+
     program = client.program()
     site = client.site(context)
     fitins = recorddict_to_fitins(msg.content, keep_input=True)
@@ -93,8 +95,15 @@ def legacy_train(client: Any, msg: Any, context: Any) -> Any:
         counters=None,
         lr=config.get("lr", client.lr),
     )
-    metrics = result.metrics() | {"train-seconds": time.perf_counter() - t0}
-    fitres = FitRes(Status(Code.OK, "ok"), _params(result.weights), result.num_examples, metrics)
+    seconds = time.perf_counter() - t0
+    if client.audit_dir is not None:  # the site's own record; the server gets none of it
+        arrays = fl.app.ArrayRecord({k: fl.app.Array(v) for k, v in result.weights.items()})
+        client._audit(
+            site, int(config.get("server-round", 0)), result, _renderer(rt, site.runtime), arrays, seconds
+        )
+    # No metrics in the reply: secaggplus_mod masks the weights only, and a site's loss or update
+    # norm would tell the server about that one site.
+    fitres = FitRes(Status(Code.OK, "ok"), _params(result.weights), result.num_examples, {})
     content = fitres_to_recorddict(fitres, keep_input=True)
     return fl.app.Message(content=content, reply_to=msg)
 
