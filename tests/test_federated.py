@@ -169,6 +169,21 @@ def test_strategy_leaves_a_bad_update_out_or_fails_clearly() -> None:
         failing.aggregate_train(1, [_reply(a, 10, "a"), _reply(nan, 10, "evil")])
 
 
+def test_a_failed_site_does_not_block_the_round() -> None:
+    from flwr.app import Error
+    from flwr.serverapp.strategy import FedAvg
+
+    prog = _program()
+    shapes = federated_shapes(prog)
+    a = {k: np.full(s, 0.5, np.float32) for k, s in shapes.items()}
+    dead = _reply(a, 10, "dead")
+    failed = Message(error=Error(code=1, reason="the site's worker died"), metadata=dead.metadata)
+    strategy = _checked_strategy_class()(FedAvg(), shapes)
+    agg, _ = strategy.aggregate_train(3, [failed, _reply(a, 10, "alive")])
+    assert all(np.array_equal(agg[k].numpy(), a[k]) for k in shapes)
+    assert strategy.rounds[3]["failed"] == [{"node": 7, "reason": "the site's worker died"}]
+
+
 def test_importing_glcomp_federated_does_not_import_flower() -> None:
     code = "import sys, glcomp.federated; print('flwr' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
