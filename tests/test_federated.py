@@ -468,3 +468,23 @@ def test_simulation_secure_aggregation_matches_fedavg(tmp_path: Path, gl_ctx: An
     plain = _wire_bytes(GlcompClient(prog, SITES, epochs=1).train(_instruction(weights), context))
     print(f"bytes sent per site in a round: {plain} plain, {sorted(sent.values())} with SecAgg+")
     assert len(sent) == 3 and all(v > plain for v in sent.values())
+
+
+def test_a_site_keeps_its_optimizer_state_between_rounds_when_asked() -> None:
+    from flwr.app import Context
+
+    prog = _program()
+    good = {k: np.asarray(v, np.float32) for k, v in (prog.params | prog.buffers).items()}
+    second = {}
+    for mode in ("reset", "keep"):
+        client = GlcompClient(prog, SITES, epochs=1, optimizer=mode)
+        context = Context(
+            run_id=1, node_id=7, node_config={"partition-id": 2}, state=RecordDict(), run_config={}
+        )
+        client.train(_instruction(good), context)
+        assert ("glcomp.optimizer" in context.state.array_records) == (mode == "keep")
+        reply = client.train(_instruction(good), context)  # the same global weights again
+        second[mode] = reply.content["arrays"]["0.weight"].numpy()
+    assert not np.allclose(second["reset"], second["keep"])  # Adam's moments and step carried over
+    with pytest.raises(GlcompError, match="optimizer must be one of"):
+        GlcompClient(prog, SITES, optimizer="forget")
