@@ -83,7 +83,7 @@ def _gpt(name: str, batch: int, block: int, embd: int, heads: int, layers: int) 
     def twin(device: str) -> tuple[Any, Callable[[], Any]]:
         import torch
 
-        t = char_gpt("torch", **config)
+        t = char_gpt("torch", **config, device=device)  # the example places its arange on `device`
         model = t.GPTLanguageModel().to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
         d = data()
@@ -213,6 +213,43 @@ def time_gl(w: Realistic, steps: int, ctx: Any) -> dict[str, Any]:
     return record | {"ms": float(np.median(times)) * 1e3, "ms_min": min(times) * 1e3}
 
 
+def profile(w: Realistic, ctx: Any, top: int = 15) -> str:
+    """Where one train step's time goes: every draw timed alone (``ctx.finish()`` before and after,
+    so draws are serialised: shares, not totals), summed by kernel, the costliest first."""
+    rt = w.compile().runtime("gl", ctx=ctx)
+    feeds = w.batch()
+    rt.train_step(**feeds)
+    draw, spent, shape = rt._draw, {}, {}
+
+    def timed_draw(d: dict[str, Any]) -> None:
+        ctx.finish()
+        t0 = time.perf_counter()
+        draw(d)
+        ctx.finish()
+        spent[d["kernel"]] = spent.get(d["kernel"], 0.0) + time.perf_counter() - t0
+        shape[d["kernel"]] = "x".join(map(str, d["viewport"]))
+
+    rt._draw = timed_draw
+    rt.train_step(**feeds)
+    rt.release()
+    total = sum(spent.values())
+    rows = [
+        [k, shape[k], f"{t * 1e3:.2f}", f"{100 * t / total:.1f}%"]
+        for k, t in sorted(spent.items(), key=lambda kv: -kv[1])[:top]
+    ]
+    from bench import markdown
+
+    by_root: dict[str, float] = {}
+    for k, t in spent.items():
+        root = k.split("_", 1)[-1].split("+", 1)[0]
+        by_root[root] = by_root.get(root, 0.0) + t
+    ranked = sorted(by_root.items(), key=lambda kv: -kv[1])
+    roots = ", ".join(f"{r} {100 * t / total:.0f}%" for r, t in ranked)
+    head = ["kernel", "viewport", "ms", "share"]
+    title = f"{w.name}: {total * 1e3:.1f} ms in {len(spent)} kernels; by root op: {roots}"
+    return title + "\n" + markdown(head, rows)
+
+
 def time_torch(w: Realistic, steps: int) -> float | None:
     try:
         import torch
@@ -237,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default="", help="write the records as JSON here")
+    ap.add_argument("--profile", action="store_true", help="time each draw of one step instead")
     args = ap.parse_args(argv)
     import moderngl
     from bench import markdown
@@ -245,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     ctx = moderngl.create_context(standalone=True, backend="egl")
     ceiling = fma_ceiling(ctx)
     print(f"{ctx.info['GL_RENDERER']}; fragment FMA ceiling {ceiling:.3f} TFLOP/s; load {os.getloadavg()}")
+    if args.profile:
+        for name in names:
+            print(profile(WORKLOADS[name], ctx))
+        return 0
     rows, records = [], []
     for name in names:
         w = WORKLOADS[name]

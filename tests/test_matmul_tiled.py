@@ -322,3 +322,47 @@ def test_split_k_choice(m, k, n, want):
     g, kernel, layouts = _matmul_kernel(m, k, n)
     t = tiling.choose_tiling(g, kernel, layouts, make_target("webgl2", max_draw_buffers=8))
     assert (None if t is None else (t.R, t.C, t.S)) == want
+
+
+# -- operands that are views of stored rows ----------------------------------------------------------
+class SequenceLinear(nn.Module):
+    """A Linear over (B, T, C) (as in a transformer's blocks): the product reads x as (B * T, C),
+    a reshape of the stored input with the same rows, and its weight gradient g.T @ x reads both
+    through such reshapes."""
+
+    def __init__(self, c: int, n: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(c, n)
+
+    def forward(self, x: Any) -> Any:
+        return self.fc(x).relu()
+
+
+@pytest.mark.parametrize("c, n", [(12, 20), (7, 9)])  # C a multiple of 4 or not (padded rows)
+def test_products_over_row_views_are_tiled(c: int, n: int, force: Any, gl_runtime: Any):
+    force((4, 2))
+    shape = (3, 5, c)
+    prog = glcomp.compile(SequenceLinear(c, n), {"x": shape}, loss=SumLoss(), max_draw_buffers=8)
+    per_entry = {e: tiled_shapes_of(prog, e) for e in ("predict", "gradients")}
+    assert per_entry["predict"] >= 1, per_entry  # x @ W.T with x a (B * T, C) view of the input
+    assert per_entry["gradients"] >= 2, per_entry  # also the weight gradient g.T @ x
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=shape).astype(np.float32), rng.normal(size=(3, 5, n)).astype(np.float32)
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=RTOL, atol=ATOL)
+        grads, want = gl.gradients(x=x, y=y), ref.gradients(x=x, y=y)
+        for name in want:
+            np.testing.assert_allclose(grads[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def tiled_shapes_of(prog: glcomp.Program, entry: str) -> int:
+    """How many draws of `entry` are register-blocked products (block draws)."""
+    bundle = build_bundle(prog)
+    mark = "// register-blocked matmul: "
+    blocked = {
+        name.removesuffix(".frag")
+        for name, src in bundle.shaders.items()
+        if any(line.startswith(mark) and "gather" not in line for line in src.splitlines())
+    }
+    return sum(d["program"] in blocked for d in bundle.manifest["entries"][entry]["draws"])

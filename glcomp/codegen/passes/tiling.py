@@ -80,6 +80,27 @@ def _texel_view(graph: Graph, n: int) -> int | None:
     return src if graph.shape(n)[-1] % 4 == 0 and graph.shape(src)[-1] % 4 == 0 else None
 
 
+def _row_view(graph: Graph, n: int) -> int | None:
+    """The stored operand whose texels `n` reads as its own: a reshape that keeps the last axis
+    (a Linear over (B, T, C) reads (B * T, C): the same rows) or one whose last axes are both whole
+    texels (`_texel_view`); else None."""
+    view = get_op(graph.op(n)).view
+    if view is None or view(graph.attrs(n)) != "flat":
+        return None
+    (src,) = graph.operands(n)
+    return src if graph.shape(src)[-1] == graph.shape(n)[-1] else _texel_view(graph, n)
+
+
+def _through_row_view(graph: Graph, n: int, kernel: Kernel, fused: list[int]) -> int:
+    """`n`, or the stored operand of `n` when `n` is a fused row view of it (`_row_view`, added to
+    `fused`): the tiled kernel then reads that operand's texture, whose texels are n's."""
+    src = _row_view(graph, n) if n in kernel.body else None
+    if src is None:
+        return n
+    fused.append(n)
+    return src
+
+
 def split_chunks(m: int, k: int, cols: int) -> int:
     """How many chunks of K an (m, k) @ (k, cols) product is split into: 1 unless it has at most
     FEW_TEXELS output texels and LONG_STEPS steps of K; then a power of two S dividing K / 4,
@@ -106,13 +127,14 @@ def choose_tiling(
     (m, k), cols = graph.shape(a), graph.shape(n)[1]
     chunks = split_chunks(m, k, cols)
     form, a_form, fused = "b", "a", []
-    # Only the transpose of a stored W (x @ W.T of a Linear layer) may be fused, and, when K is
-    # split, a reshape of a stored A in the same texel order (a Flatten before a Linear).
+    # Only the transpose of a stored W (x @ W.T of a Linear layer) may be fused, and a reshape of a
+    # stored A in the same texel order (a Linear over (B, T, C), a Flatten before a Linear).
     view = get_op(graph.op(b)).view
     if b in kernel.body and view is not None and view(graph.attrs(b)) == "transpose":
         fused.append(b)
         b, form = graph.operands(b)[0], "w"
-    src = _texel_view(graph, a) if a in kernel.body and chunks > 1 else None
+    b = _through_row_view(graph, b, kernel, fused)
+    src = _row_view(graph, a) if a in kernel.body else None
     if src is not None:
         fused.append(a)
         a = src
@@ -124,6 +146,7 @@ def choose_tiling(
             return None
         fused.append(a)
         a, a_form = graph.operands(a)[0], "t"
+        a = _through_row_view(graph, a, kernel, fused)  # X a view of (B, T, C) rows
     if sorted(kernel.body) != sorted(fused):
         return None
     if not (_stored(a, kernel, layouts) and _stored(b, kernel, layouts)):
