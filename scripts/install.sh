@@ -37,4 +37,4 @@ if python3 -c 'import sys, sysconfig, pathlib; sys.exit(not (pathlib.Path(syscon
   export PIP_BREAK_SYSTEM_PACKAGES=1
 fi
 python3 -m pip --version >/dev/null 2>&1 || { SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"; apt_get install -y -qq python3-pip >/dev/null; }
-python3 -m pip install -q --disable-pip-version-check -e ".[test,examples,browser]"
+python3 -m pip install -q --disable-pip-version-check -e ".[test,examples,browser,federated]"
