@@ -282,15 +282,53 @@ def train_both(
 
 
 # -- bundles of an older format ---------------------------------------------------------------------
+def stored_path(directory: Any, path: str) -> Any:
+    """Where the file `path` (weights.safetensors, shaders.json, program.json) of the bundle in
+    `directory` is: under the name its manifest gives it (format 4: the name carries its sha256),
+    or `path` itself (formats 1-3)."""
+    import json
+    from pathlib import Path
+
+    from glcomp.format import stored_name
+
+    directory = Path(directory)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    name = stored_name(manifest.get("version"), path, manifest.get("files", {}).get(path))
+    return directory / (name or path)
+
+
+def as_format_3(directory: Any) -> Any:
+    """Rewrite the bundle in `directory`, format 4 as saves write it, in place as format 3 stored
+    bundles: every file under its plain name (weights.safetensors, shaders.json, program.json) and
+    ``version`` 3, without the save lock file: the layout of bundles saved before format 4, which
+    loaders must keep reading, and the one tamper tests edit by file name. Returns `directory`."""
+    import json
+    import os
+    from pathlib import Path
+
+    directory = Path(directory)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["version"] == 4, manifest["version"]
+    for path in manifest["files"]:
+        os.rename(stored_path(directory, path), directory / path)
+    manifest["version"] = 3
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    (directory / ".glcomp.lock").unlink(missing_ok=True)
+    return directory
+
+
 def as_format_2(directory: Any) -> Any:
-    """Rewrite the (format 3) bundle in `directory` in place as format 2 wrote bundles: one file
-    per shader under shaders/, ``version`` 2 and a sha256 per shader file in ``files`` (the layout
-    of bundles saved before shaders.json, which loaders must keep reading). Returns `directory`."""
+    """Rewrite the (format 3 or 4) bundle in `directory` in place as format 2 wrote bundles: one
+    file per shader under shaders/, ``version`` 2 and a sha256 per shader file in ``files`` (the
+    layout of bundles saved before shaders.json, which loaders must keep reading). Returns
+    `directory`."""
     import hashlib
     import json
     from pathlib import Path
 
     directory = Path(directory)
+    if json.loads((directory / "manifest.json").read_text())["version"] == 4:
+        as_format_3(directory)
     manifest = json.loads((directory / "manifest.json").read_text())
     shaders = json.loads((directory / "shaders.json").read_text())
     assert manifest["version"] == 3, manifest["version"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import LastStep, as_format_2
+from conftest import LastStep, as_format_2, as_format_3, stored_path
 
 import glcomp
 from glcomp import nn, optim
@@ -386,7 +386,8 @@ WEIGHT_TAMPERS = {
 
 
 def test_tampered_bundles_are_rejected(page: Any, site: Site) -> None:
-    good = _save(_mlp("webgl2"), site.root / "good")
+    # Format 3's layout: the cases change files by name (format 4's: tests/test_save_atomic.py).
+    good = as_format_3(_save(_mlp("webgl2"), site.root / "good"))
     cases: dict[str, str] = {}
     for case, (mutate, expect) in MANIFEST_TAMPERS.items():
         d = site.root / f"bad_{case}"
@@ -467,7 +468,7 @@ def test_tampered_bundles_are_rejected(page: Any, site: Site) -> None:
 
 def test_load_from_files_and_feed_errors(page: Any, site: Site) -> None:
     """A bundle given as File objects (a picked folder), and input checks that match feeds.py."""
-    d = _save(_mlp("webgl2"), site.root / "files")
+    d = as_format_3(_save(_mlp("webgl2"), site.root / "files"))  # format 4's: test_save_atomic.py
     files = {
         "manifest.json": (d / "manifest.json").read_text(),
         "weights.safetensors": base64.b64encode((d / "weights.safetensors").read_bytes()).decode(),
@@ -842,7 +843,10 @@ def test_server_serves_only_the_bundle_and_the_runtime(tmp_path: Path) -> None:
         status, _, kind = _get(port, "/glcomp.js")
         assert status == 200 and kind.startswith("text/javascript")
         assert _get(port, "/bundle/manifest.json")[0] == 200
-        assert _get(port, "/bundle/shaders.json")[0] == 200
+        stored = stored_path(bundle, "shaders.json").name  # format 4: a name carrying its sha256
+        assert _get(port, f"/bundle/{stored}")[0] == 200
+        assert _get(port, "/bundle/shaders.json")[0] == 404
+        assert _get(port, "/bundle/.glcomp.lock")[0] == 404
         assert _get(port, "/bundle/data.safetensors")[0] == 200
         assert _get(port, "/bundle/manifest.json", "HEAD")[0] == 200
         for path in [

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import as_format_2
+from conftest import as_format_2, as_format_3, stored_path
 from safetensors.numpy import load_file, save_file
 
 import glcomp
@@ -45,10 +45,12 @@ def saved(
 
 @pytest.fixture
 def bundle_dir(saved: tuple[Any, glcomp.Program, Path], tmp_path: Path) -> Path:
-    """A fresh copy of the saved bundle, free to tamper with."""
+    """A fresh copy of the saved bundle, free to tamper with, as format 3 stored it (every file
+    under its plain name: what a tamper names is the file it changes; tests/test_save_atomic.py
+    tampers with the stored names of format 4)."""
     copy = tmp_path / "bundle"
     shutil.copytree(saved[2], copy)
-    return copy
+    return as_format_3(copy)
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -142,7 +144,7 @@ def test_manifest_contents(saved: tuple[Any, glcomp.Program, Path]):
     for key in ("format", "version", "target", "inputs", "textures", "programs", "entries"):
         assert key in m, key
     assert m["format"] == "glcomp-bundle"
-    assert m["version"] == 3
+    assert m["version"] == 4
     assert m["target"]["name"] == "webgl2" and m["target"]["glsl_version"] == "300 es"
     assert {k: v["shape"] for k, v in m["inputs"].items()} == {"x": [6, 5], "y": [6]}
     assert m["inputs"]["y"]["num_classes"] == 3
@@ -151,21 +153,25 @@ def test_manifest_contents(saved: tuple[Any, glcomp.Program, Path]):
     for name, tex in m["textures"].items():
         for side in (tex["width"], tex["height"]):
             assert 1 <= side <= size and side & (side - 1) == 0, (name, tex)
-    # One file holds every shader, exactly those the manifest names; no shaders/ folder.
-    assert sorted(p.name for p in directory.iterdir()) == [
-        "manifest.json",
-        "program.json",
-        "shaders.json",
-        "weights.safetensors",
-    ]
-    shaders = read_shaders(directory)
+    # One file holds every shader, exactly those the manifest names; no shaders/ folder. Each
+    # file but the manifest is stored under a name carrying its sha256 (format 4), beside the
+    # lock file of saves.
+    stored = {path: stored_path(directory, path).name for path in m["files"]}
+    assert stored == {
+        path: f"{path.rpartition('.')[0]}.{m['files'][path][:16]}.{path.rpartition('.')[2]}"
+        for path in m["files"]
+    }
+    assert sorted(p.name for p in directory.iterdir()) == sorted(
+        [".glcomp.lock", "manifest.json", *stored.values()]
+    )
+    shaders = json.loads(stored_path(directory, "shaders.json").read_text())
     assert set(shaders) == {m["vertex_shader"]} | {p["fragment"] for p in m["programs"].values()}
     assert all(isinstance(source, str) and source.startswith("#version") for source in shaders.values())
     assert sorted(m["files"]) == ["program.json", "shaders.json", "weights.safetensors"]
     used = {d["program"] for e in m["entries"].values() for d in e["draws"]}
     assert used == set(m["programs"])
     # Weights: every parameter, buffer and optimizer state, with the program's initial values.
-    weights = load_file(str(directory / "weights.safetensors"))
+    weights = load_file(str(stored_path(directory, "weights.safetensors")))
     expected = prog.params | prog.buffers | prog.opt_state
     assert set(m["states"]) == set(expected)
     assert set(weights) == set(expected) | set(prog.counters)
@@ -541,32 +547,31 @@ def test_tampered_bundle_is_rejected(fault: str, bundle_dir: Path):
         glcomp.load(str(bundle_dir))
 
 
-def test_format_2_bundles_load_and_save_as_format_3(saved: tuple[Any, glcomp.Program, Path], tmp_path: Path):
+def test_format_2_bundles_load_and_save_as_format_4(saved: tuple[Any, glcomp.Program, Path], tmp_path: Path):
     """Bundles saved before shaders.json (a file per shader under shaders/) load as they did, the
-    same bundle; saving over one writes format 3 and leaves no shaders/ folder behind (a bundle
+    same bundle; saving over one writes format 4 and leaves no shaders/ folder behind (a bundle
     file of the old format, not the user's), while the user's files stay."""
     directory = saved[2]
     old = as_format_2(shutil.copytree(directory, tmp_path / "old"))
     assert (old / "shaders").is_dir() and not (old / "shaders.json").exists()
     (old / "notes.txt").write_text("mine\n")
     new, legacy = load_bundle(directory), load_bundle(old)
-    assert legacy.manifest == new.manifest | {"version": 2}
+    assert legacy.manifest == new.manifest | {"version": 2}  # new: format 4
     assert legacy.shaders == new.shaders
     assert legacy.program == new.program
     assert sorted(legacy.weights) == sorted(new.weights)
     for name, value in new.weights.items():
         np.testing.assert_array_equal(legacy.weights[name], value, err_msg=name)
     glcomp.load(old).save(old)
-    assert sorted(p.name for p in old.iterdir()) == [
-        "manifest.json",
-        "notes.txt",
-        "program.json",
-        "shaders.json",
-        "weights.safetensors",
-    ]
+    stored = sorted(stored_path(old, p).name for p in ("program.json", "shaders.json", "weights.safetensors"))
+    assert sorted(p.name for p in old.iterdir()) == sorted(
+        [".glcomp.lock", "manifest.json", "notes.txt", *stored]
+    )
     assert (old / "notes.txt").read_text() == "mine\n"
     assert load_bundle(old).manifest == new.manifest
-    assert (old / "shaders.json").read_bytes() == (directory / "shaders.json").read_bytes()
+    assert (
+        stored_path(old, "shaders.json").read_bytes() == stored_path(directory, "shaders.json").read_bytes()
+    )
 
 
 def test_not_a_directory(tmp_path: Path):

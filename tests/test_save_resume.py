@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import as_format_3, stored_path
 
 import glcomp
 from glcomp import nn, optim
@@ -104,8 +105,13 @@ def test_load_returns_a_program_that_reuses_its_bundle(
     finally:
         gl.release()
     loaded.save(tmp_path / "again")  # re-saving a loaded program needs no compiler either
-    for name in ("manifest.json", "program.json", "shaders.json", "weights.safetensors"):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
+    assert sorted(os.listdir(tmp_path / "a")) == sorted(os.listdir(tmp_path / "again"))
+    assert (tmp_path / "a" / "manifest.json").read_bytes() == (
+        tmp_path / "again" / "manifest.json"
+    ).read_bytes()
+    for name in ("program.json", "shaders.json", "weights.safetensors"):
+        a, again = stored_path(tmp_path / "a", name), stored_path(tmp_path / "again", name)
+        assert a.read_bytes() == again.read_bytes(), name
 
 
 def _rehash(directory: Path, name: str) -> None:
@@ -140,7 +146,7 @@ def _node(data: dict[str, Any], op: str) -> dict[str, Any]:
 )
 def test_program_json_is_validated(change: Any, message: str, models: dict[str, Any], tmp_path: Path):
     models["mlp"].compile("webgl2", optim.Adam(lr=0.01)).save(tmp_path / "b")
-    _edit_program(tmp_path / "b", change)
+    _edit_program(as_format_3(tmp_path / "b"), change)
     with pytest.raises(GlcompError, match=rf"program\.json.*{message}"):
         glcomp.load(tmp_path / "b")
 
@@ -206,23 +212,25 @@ def test_a_failed_save_leaves_the_previous_bundle(
         real = schema._write_new
         written: list[str] = []
 
-        def write(fd: int, name: str, data: bytes) -> None:
-            if len(written) == 2:
+        def write(fd: int, name: str, data: bytes, *args: Any) -> None:
+            if not written:  # the new weights (shaders.json and program.json are kept: the same bytes)
                 raise OSError(errno.ENOSPC, "No space left on device")
             written.append(name)
-            real(fd, name, data)
+            real(fd, name, data, *args)
 
         monkeypatch.setattr(schema, "_write_new", write)
+        why = "No space left on device"
     else:
-        real_rename = os.rename
+        real_replace = os.replace
 
-        def rename(src: Any, dst: Any) -> None:
-            if ".tmp-" in str(src):
+        def replace(src: Any, dst: Any, **kwargs: Any) -> None:
+            if src == "manifest.json":  # the switch to the new bundle
                 raise OSError(errno.EIO, "I/O error")
-            real_rename(src, dst)
+            real_replace(src, dst, **kwargs)
 
-        monkeypatch.setattr(schema.os, "rename", rename)
-    with pytest.raises(OSError):
+        monkeypatch.setattr(schema.os, "replace", replace)
+        why = "I/O error"
+    with pytest.raises(GlcompError, match=rf"{tmp_path / 'b'}: could not save the bundle \({why}\)"):
         rt.save(tmp_path / "b")
     monkeypatch.undo()
     after = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "b").rglob("*") if p.is_file()}
@@ -236,8 +244,13 @@ def test_a_failed_save_leaves_the_previous_bundle(
 
 
 def test_stale_temporaries_are_cleaned_on_the_next_save(models: dict[str, Any], tmp_path: Path):
+    """A save killed midway leaves its staging folder (and stored files no manifest names) inside
+    the bundle directory: the next save removes them. Folders beside the bundle named like the
+    temporaries of saves before format 4 are left alone: a save writes nothing outside the
+    bundle directory and deletes nothing there (see test_save_atomic.py for what it recovers)."""
     prog = models["mlp"].compile("webgl2")
     prog.save(tmp_path / "b")
+    before = sorted(os.listdir(tmp_path / "b"))
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
     dead = int(gone.stdout)  # a process that has exited
     stale = [f".b.tmp-{dead}-x1", f".b.old-{os.getpid()}-y2", f".b.tmp-{os.getpid()}-z3"]
@@ -245,8 +258,13 @@ def test_stale_temporaries_are_cleaned_on_the_next_save(models: dict[str, Any], 
         (tmp_path / name / "shaders").mkdir(parents=True)
         (tmp_path / name / "manifest.json").write_text("{")
     (tmp_path / ".other.tmp-1-x").mkdir()  # another bundle's: not ours to touch
+    staging = tmp_path / "b" / f"{schema.STAGING_PREFIX}{dead}-0123456789ab"
+    staging.mkdir()
+    (staging / "weights.0123456789abcdef.safetensors").write_bytes(b"half a file")
+    (tmp_path / "b" / "weights.fedcba9876543210.safetensors").write_bytes(b"renamed in, never named")
     prog.save(tmp_path / "b")
-    assert _temporaries(tmp_path) == [".other.tmp-1-x"]
+    assert _temporaries(tmp_path) == sorted([*stale, ".other.tmp-1-x"])
+    assert sorted(os.listdir(tmp_path / "b")) == before
 
 
 def test_symbolic_links_are_never_followed(models: dict[str, Any], tmp_path: Path):
@@ -258,18 +276,20 @@ def test_symbolic_links_are_never_followed(models: dict[str, Any], tmp_path: Pat
     for name in ("manifest.json", "weights.safetensors"):
         broken = tmp_path / f"link-{name}"
         prog.save(broken)
+        as_format_3(broken)  # the weights under their plain name (format 4: tests/test_save_atomic.py)
         (outside / name).write_bytes((broken / name).read_bytes())
         (broken / name).unlink()
         (broken / name).symlink_to(outside / name)
         with pytest.raises(GlcompError, match=rf"{name}.*symbolic link"):
             glcomp.load(broken)
-    # Saving over a bundle whose weights are a link replaces the link, never writes through it.
+    # Saving over a bundle whose weights are a link never writes through it (nor removes it:
+    # the save removes only regular files of the old bundle).
     kept = (outside / "weights.safetensors").read_bytes()
     rt = prog.runtime("reference")
     rt.train_step(**{"x": np.ones((6, 5), np.float32)}, y=np.zeros(6, np.int64))
     rt.save(tmp_path / "link-weights.safetensors")
     assert (outside / "weights.safetensors").read_bytes() == kept
-    assert not (tmp_path / "link-weights.safetensors" / "weights.safetensors").is_symlink()
+    assert not stored_path(tmp_path / "link-weights.safetensors", "weights.safetensors").is_symlink()
     assert glcomp.load(tmp_path / "link-weights.safetensors").state().keys() == prog.state().keys()
     # A symbolic link as the save target is refused; its target is left alone.
     (tmp_path / "alias").symlink_to(outside, target_is_directory=True)
@@ -304,6 +324,8 @@ def test_a_file_of_another_save_is_detected(two_programs: Any, tmp_path: Path):
     model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
     c = glcomp.compile(model, {"x": (6, 5)}, nn.CrossEntropyLoss(), optim.Adam(lr=0.01))
     c.save(tmp_path / "c")
+    for name in "abc":
+        as_format_3(tmp_path / name)
     weights = (tmp_path / "a" / "weights.safetensors").read_bytes()
     (tmp_path / "a" / "weights.safetensors").write_bytes(b"")  # what a reader might catch mid-write
     with pytest.raises(GlcompError, match=r"weights\.safetensors"):

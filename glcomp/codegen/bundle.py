@@ -1,6 +1,7 @@
 """Bundles: a compiled program as data: manifest.json, shaders.json (every shader: an object of
-shader file name -> GLSL source), weights.safetensors and program.json (format version 3; versions
-1 and 2, still loaded, kept each shader in a file of its own under shaders/).
+shader file name -> GLSL source), weights.safetensors and program.json (format version 4, which
+stores each file but the manifest under a name carrying its sha256; version 3, still loaded, under
+those plain names; versions 1 and 2 kept each shader in a file of its own under shaders/).
 
 `build_bundle` lowers each entry point of a Program (layout, kernel plan, GLSL, memory plan,
 schedule); `Bundle.save` writes it and `load_bundle` reads one back, validating it against the
@@ -34,7 +35,7 @@ from glcomp.ir.gcpause import gc_paused
 from glcomp.program import ENTRY_POINTS, Program
 
 FORMAT = "glcomp-bundle"
-VERSION = 3
+VERSION = 4  # the format saves write (glcomp.codegen.schema.write_bundle)
 
 
 @dataclass
@@ -47,9 +48,11 @@ class Bundle:
     program: dict[str, Any] | None = None
 
     def save(self, directory: str | Path) -> Path:
-        """Write the bundle to `directory` atomically (see glcomp.codegen.schema.write_bundle):
-        a bundle already there is replaced as a whole, other files beside it are kept, and a
-        failed save leaves the previous bundle as it was. Returns the directory."""
+        """Write the bundle to `directory` atomically and in place (see
+        glcomp.codegen.schema.write_bundle, docs/saving.md): a bundle already there is replaced
+        as a whole by one rename of its manifest, the directory itself and the other files in it
+        are never touched, and a failed or killed save leaves the previous bundle as it was.
+        Returns the directory."""
         from glcomp.codegen.schema import write_bundle
 
         return write_bundle(self, Path(directory))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -24,8 +25,11 @@ from glcomp.format.jsonschema import Validator, short
 SCHEMA_FILE = "manifest.schema.json"
 FORMAT = "glcomp-bundle"
 # 2 adds `files` (sha256 of each file) and program.json; 3 keeps every shader in one file,
-# shaders.json ({shader file name: GLSL source}), where 1 and 2 have one file each under shaders/.
-VERSIONS = (1, 2, 3)
+# shaders.json ({shader file name: GLSL source}), where 1 and 2 have one file each under shaders/;
+# 4 is 3 with every file but manifest.json stored under a name carrying its sha256 (see
+# stored_name), so that a save writes fresh files and switches the bundle by replacing
+# manifest.json alone.
+VERSIONS = (1, 2, 3, 4)
 MAX_SIDE = 1 << 16
 # Texel formats a texture record may name in "format" (absent: "f32"), and their sizes in bytes.
 # "rgba8": each logical texel (4 floats) is 4 RGBA8 texels side by side, each holding one
@@ -47,6 +51,25 @@ def shader_path(version: Any, name: str) -> str:
     """Where the shader `name` of a bundle of format `version` is, as errors name it:
     ``shaders.json[name]`` from version 3 on, the file ``shaders/name`` before."""
     return f"{SHADERS_FILE}[{name}]" if packed_shaders(version) else f"shaders/{name}"
+
+
+STORED_DIGITS = 16  # hex digits of a file's sha256 in its stored name (format 4)
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def stored_name(version: Any, path: str, digest: Any) -> str | None:
+    """The name under which the file `path` (a key of the manifest's ``files``: weights.safetensors,
+    shaders.json, program.json) is stored in a bundle of format `version` whose manifest records
+    the sha256 `digest` for it: from version 4 on, the name with the digest's first 16 hex digits
+    before its extension (``weights.0123456789abcdef.safetensors``), for other versions `path`
+    itself. None where a name of version 4 cannot be formed (`digest` is not a sha256: the
+    manifest is refused for that). glcomp.js's storedName gives the same names."""
+    if not (type(version) is int and version == 4):  # a version this module knows
+        return path
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        return None
+    stem, _, ext = path.rpartition(".")
+    return f"{stem}.{digest[:STORED_DIGITS]}.{ext}"
 
 
 def packed_shaders(version: Any) -> bool:

@@ -1,11 +1,15 @@
 // Bundle I/O for the browser runtime: strict JSON and safetensors parsing, sha256, packing
 // tensors into texture pages and back, checking inputs, and loading a bundle (from URLs or
 // files) with the same checks as glcomp/codegen/schema.py read_bundle.
-import { SHADERS_FILE, checkShaders, packedShaders, shaderPath, validateManifest } from "./manifest.js";
+import { SHADERS_FILE, checkShaders, packedShaders, shaderPath, storedName, validateManifest } from "./manifest.js";
 import { short } from "./schema.js";
 import { GlcompError, fmtList, fmtShape, isInt, isObj, prod, repr, sameList, sortedKeys } from "./util.js";
 
 const PROGRAM_FILE = "program.json";
+const WEIGHTS_FILE = "weights.safetensors";
+// The stored names of format 4 (manifest.js storedName): files of a picked bundle folder.
+const STORED_RE = /^(?:weights\.[0-9a-f]{16}\.safetensors|(?:shaders|program)\.[0-9a-f]{16}\.json)$/;
+const READ_ATTEMPTS = 5; // loads from a URL whose manifest.json a save replaced meanwhile
 const SHADER_RE = /^[A-Za-z0-9_]{1,64}\.(frag|vert)$/;
 const MAX_PROGRAMS = 4096;
 const MAX_JSON_BYTES = 64 * 2 ** 20;
@@ -332,16 +336,18 @@ async function readAsBuffer(v) {
   return toArrayBuffer(v);
 }
 
-/** Files given directly: {"manifest.json": File|ArrayBuffer|string|object, "weights.safetensors":
- *  ..., "shaders.json": ...} (format 3; "shaders/p0.frag": ... for formats 1 and 2) or an array /
- *  FileList of File objects (a picked bundle folder). */
+/** Files given directly: {"manifest.json": File|ArrayBuffer|string|object, "weights.0123456789abcdef.safetensors":
+ *  ..., "shaders.0123456789abcdef.json": ...} (format 4, the names its manifest gives them;
+ *  "weights.safetensors", "shaders.json" for format 3, "shaders/p0.frag": ... for formats 1 and 2)
+ *  or an array / FileList of File objects (a picked bundle folder). */
 function fileMap(source) {
   const map = new Map();
   const add = (path, value) => {
     const parts = String(path).split(/[\\/]/).filter((p) => p);
     const base = parts[parts.length - 1];
     if (!base) return;
-    if (base === "manifest.json" || base === "weights.safetensors" || base === PROGRAM_FILE || base === SHADERS_FILE) {
+    if (base === "manifest.json" || base === WEIGHTS_FILE || base === PROGRAM_FILE || base === SHADERS_FILE
+      || STORED_RE.test(base)) {
       map.set(base, value);
     }
     else if (SHADER_RE.test(base) && (parts.length === 1 || parts[parts.length - 2] === "shaders")) map.set(`shaders/${base}`, value);
@@ -392,10 +398,11 @@ export function unpackShaders(bytes, wanted) {
 
 /** Fetch `url` (`what` names it in errors) from one of `origins` (null: any); null for a missing
  *  `optional` file, GlcompError otherwise. */
-export async function fetchFile(url, what, optional, origins) {
+export async function fetchFile(url, what, optional, origins, revalidate = false) {
   let res;
   try {
-    res = await fetch(url, { credentials: "same-origin" });
+    // `revalidate`: not from the HTTP cache unchecked (a manifest.json read again after a save).
+    res = await fetch(url, revalidate ? { credentials: "same-origin", cache: "no-cache" } : { credentials: "same-origin" });
   } catch (err) {
     throw new GlcompError(`bundle ${what}: could not fetch ${url} (${err.message})`);
   }
@@ -425,14 +432,44 @@ export function allowedOrigins(allow) {
  *  `textureBudgetBytes` (default 2 GiB), `loopBudget` (loop iterations per draw, default
  *  2**32) and `entryBudget` (fragments x loop iterations summed over an entry's draws, default
  *  2**36) bound what the bundle may ask of the GPU; a URL must be of this page's origin unless
- *  `allowOrigins` lists its origin (or is true). Files are checked against the manifest's sha256. */
+ *  `allowOrigins` lists its origin (or is true). Files are checked against the manifest's sha256.
+ *  A load from a URL that fails because a save replaced the bundle meanwhile (a file its
+ *  manifest.json names is gone or another save's, and manifest.json has changed since) loads
+ *  again, from the new manifest.json. */
 export async function loadBundle(source, options = {}) {
+  const url = typeof source === "string" || (typeof URL !== "undefined" && source instanceof URL);
+  let fresh = null; // the manifest.json read again after a failed attempt
+  for (let attempt = 0; ; attempt++) {
+    const seen = {};
+    try {
+      return await loadOnce(source, options, seen, fresh);
+    } catch (err) {
+      if (!url || !(err instanceof GlcompError) || seen.manifest === undefined || attempt + 1 >= READ_ATTEMPTS) throw err;
+      try {
+        const res = await fetchFile(seen.manifestUrl, "manifest.json", false, seen.origins, true);
+        fresh = await res.arrayBuffer();
+      } catch {
+        throw err;
+      }
+      const [now, before] = [new Uint8Array(fresh), new Uint8Array(seen.manifest)];
+      if (now.length === before.length && now.every((v, i) => v === before[i])) throw err; // not a save's doing
+    }
+  }
+}
+
+async function loadOnce(source, options, seen, fresh) {
   let manifestBytes;
   let weightsBuf;
   const shaders = {};
   let getShader;
   let packedBuf;
   let programBuf;
+  // Where a file the manifest names is stored (format 4: under a name carrying its sha256),
+  // and how errors name it; null where the manifest names none (it is refused for that).
+  let manifest;
+  const stored = (path) => storedName(isObj(manifest) ? manifest.version : undefined, path,
+    isObj(manifest) && isObj(manifest.files) ? manifest.files[path] : undefined);
+  const label = (path) => (stored(path) === path ? path : `${path} (${stored(path)})`);
   if (typeof source === "string" || (typeof URL !== "undefined" && source instanceof URL)) {
     const here = typeof location !== "undefined" ? location.href : undefined;
     let base = String(source);
@@ -443,38 +480,44 @@ export async function loadBundle(source, options = {}) {
       throw new GlcompError(`bundle ${base}: refusing to load a bundle from ${new URL(base).origin}, another origin `
         + "than this page's (pass allowOrigins: [origin] to trust it)");
     }
-    manifestBytes = await (await fetchFile(new URL("manifest.json", base), "manifest.json", false, origins)).arrayBuffer();
+    seen.manifestUrl = new URL("manifest.json", base);
+    seen.origins = origins;
+    manifestBytes = fresh ?? await (await fetchFile(seen.manifestUrl, "manifest.json", false, origins)).arrayBuffer();
+    seen.manifest = manifestBytes;
     getShader = async (name) => {
       const res = await fetchFile(new URL(`shaders/${name}`, base), `shaders/${name}`, true, origins);
       return res ? decodeUtf8(await res.arrayBuffer(), `shaders/${name}`) : null;
     };
-    packedBuf = async () => (await fetchFile(new URL(SHADERS_FILE, base), SHADERS_FILE, false, origins)).arrayBuffer();
-    weightsBuf = async () => (await fetchFile(new URL("weights.safetensors", base), "weights.safetensors", false, origins))
-      .arrayBuffer();
-    programBuf = async () => {
-      const res = await fetchFile(new URL(PROGRAM_FILE, base), PROGRAM_FILE, true, origins);
+    const fetchStored = async (path, optional) => {
+      const res = await fetchFile(new URL(stored(path), base), label(path), optional, origins);
       return res ? res.arrayBuffer() : null;
     };
+    packedBuf = () => fetchStored(SHADERS_FILE, false);
+    weightsBuf = () => fetchStored(WEIGHTS_FILE, false);
+    programBuf = () => fetchStored(PROGRAM_FILE, true);
   } else if (source && typeof source === "object") {
     const map = fileMap(source);
-    for (const f of ["manifest.json", "weights.safetensors"]) {
-      if (!map.has(f)) throw new GlcompError(`bundle: ${f} is missing`);
-    }
+    if (!map.has("manifest.json")) throw new GlcompError("bundle: manifest.json is missing");
     const mv = map.get("manifest.json");
     manifestBytes = isObj(mv) && !(typeof Blob !== "undefined" && mv instanceof Blob)
       ? new TextEncoder().encode(JSON.stringify(mv)) : await readAsBuffer(mv);
     getShader = async (name) => (map.has(`shaders/${name}`) ? readAsText(map.get(`shaders/${name}`), `shaders/${name}`) : null);
     packedBuf = async () => {
-      if (!map.has(SHADERS_FILE)) throw new GlcompError(`bundle: ${SHADERS_FILE} is missing`);
-      return readAsBuffer(map.get(SHADERS_FILE));
+      if (!map.has(stored(SHADERS_FILE))) throw new GlcompError(`bundle: ${label(SHADERS_FILE)} is missing`);
+      return readAsBuffer(map.get(stored(SHADERS_FILE)));
     };
-    weightsBuf = async () => readAsBuffer(map.get("weights.safetensors"));
-    programBuf = async () => (map.has(PROGRAM_FILE) ? readAsBuffer(map.get(PROGRAM_FILE)) : null);
+    weightsBuf = async () => readAsBuffer(map.get(stored(WEIGHTS_FILE)));
+    programBuf = async () => (map.has(stored(PROGRAM_FILE)) ? readAsBuffer(map.get(stored(PROGRAM_FILE))) : null);
+    manifest = parseJson(manifestBytes, "manifest.json");
+    // The weights must be there (read once the manifest bounds their size), if it names them.
+    if (stored(WEIGHTS_FILE) !== null && !map.has(stored(WEIGHTS_FILE))) {
+      throw new GlcompError(`bundle: ${label(WEIGHTS_FILE)} is missing`);
+    }
   } else {
     throw new GlcompError("Runtime.load: pass a bundle base URL, or an object / array of its files");
   }
-  const manifest = parseJson(manifestBytes, "manifest.json");
-  let packedBytes = null; // format 3: the bytes of shaders.json
+  if (manifest === undefined) manifest = parseJson(manifestBytes, "manifest.json");
+  let packedBytes = null; // format 3 on: the bytes of shaders.json
   // The weights and the IR graphs are fetched while the shaders are (and checked in the order
   // below): a load waits for the slowest file, not for their sum. A settled early fetch whose
   // result is never awaited (a bad manifest) is not reported as an unhandled rejection.
@@ -483,8 +526,10 @@ export async function loadBundle(source, options = {}) {
     promise.catch(() => {});
     return () => promise;
   };
-  weightsBuf = early(weightsBuf);
-  if (isObj(manifest) && isObj(manifest.files) && Object.hasOwn(manifest.files, PROGRAM_FILE)) programBuf = early(programBuf);
+  weightsBuf = stored(WEIGHTS_FILE) === null ? null : early(weightsBuf);
+  if (isObj(manifest) && isObj(manifest.files) && Object.hasOwn(manifest.files, PROGRAM_FILE) && stored(PROGRAM_FILE) !== null) {
+    programBuf = early(programBuf);
+  }
   if (isObj(manifest)) {
     const wanted = [manifest.vertex_shader];
     for (const p of Object.values(isObj(manifest.programs) ? manifest.programs : {})) {
@@ -498,7 +543,8 @@ export async function loadBundle(source, options = {}) {
     }
     const unique = [...new Set(wanted)];
     if (packedShaders(manifest.version)) {
-      packedBytes = await packedBuf(); // judged once the manifest is known to be valid
+      // Judged once the manifest is known to be valid (which it is not without a digest for it).
+      if (stored(SHADERS_FILE) !== null) packedBytes = await packedBuf();
       for (const name of unique) shaders[name] = null;
     } else {
       const texts = await Promise.all(unique.map(getShader));
@@ -506,11 +552,13 @@ export async function loadBundle(source, options = {}) {
     }
   }
   validateManifest(manifest, Object.keys(shaders), options);
+  if (packedShaders(manifest.version) && packedBytes === null) throw new GlcompError(`bundle: ${label(SHADERS_FILE)} is missing`);
   if (packedBytes !== null) {
     const wanted = [manifest.vertex_shader, ...Object.values(manifest.programs).map((p) => p.fragment)];
     Object.assign(shaders, unpackShaders(packedBytes, wanted));
   }
   checkShaders(manifest, shaders);
+  if (weightsBuf === null) throw new GlcompError(`bundle: ${WEIGHTS_FILE} is missing`);
   const weightsBytes = await weightsBuf();
   const limit = weightsLimit(manifest);
   if (toArrayBuffer(weightsBytes).byteLength > limit) throw new GlcompError(`bundle weights.safetensors: larger than ${limit} bytes`);
@@ -563,7 +611,7 @@ export async function loadBundle(source, options = {}) {
     if (Object.hasOwn(manifest.files, PROGRAM_FILE)) {
       // The IR graphs: only Python runs them, but a bundle Python refuses is refused here too.
       const bytes = await programBuf();
-      if (bytes === null) throw new GlcompError(`bundle: ${PROGRAM_FILE} is missing`);
+      if (bytes === null) throw new GlcompError(`bundle: ${label(PROGRAM_FILE)} is missing`);
       await check(PROGRAM_FILE, bytes);
       if (!isObj(parseJson(bytes, PROGRAM_FILE))) throw new GlcompError(`bundle ${PROGRAM_FILE}: must be an object`);
     }

@@ -8,8 +8,9 @@ import { GlcompError, prod, repr } from "./util.js";
 
 export const FORMAT = "glcomp-bundle";
 // 2 adds `files` (sha256 of each file) and program.json; 3 keeps every shader in one file,
-// shaders.json ({shader file name: GLSL source}), where 1 and 2 have one file each under shaders/.
-export const VERSIONS = [1, 2, 3];
+// shaders.json ({shader file name: GLSL source}), where 1 and 2 have one file each under shaders/;
+// 4 is 3 with every file but manifest.json stored under a name carrying its sha256 (storedName).
+export const VERSIONS = [1, 2, 3, 4];
 export const MAX_SIDE = 1 << 16;
 // Resource limits, the same as glcomp/format/manifest.py's (both loaders accept the same bundles).
 export const DEFAULT_TEXTURE_BUDGET = 2 * 2 ** 30; // bytes of textures a bundle may declare
@@ -34,6 +35,20 @@ const MAX_ARRAY_ELEMENTS = 4096; // the integer literals in a shader's brackets,
 const MAX_INLINED_TOKENS = 2 ** 18; // of one function with every call inlined (schema.py MAX_INLINED_TOKENS)
 const WEIGHTS_FILE = "weights.safetensors";
 export const SHADERS_FILE = "shaders.json";
+
+const STORED_DIGITS = 16; // hex digits of a file's sha256 in its stored name (format 4)
+
+/** The name under which the file `path` (a key of the manifest's `files`) is stored in a bundle
+ *  of format `version` whose manifest records the sha256 `digest` for it (manifest.py
+ *  stored_name): from version 4 on, `weights.0123456789abcdef.safetensors` (the digest's first 16
+ *  hex digits before the extension), for other versions `path` itself; null where a name of
+ *  version 4 cannot be formed (the manifest is refused for that digest). */
+export function storedName(version, path, digest) {
+  if (version !== 4) return path; // a version this module knows
+  if (typeof digest !== "string" || !/^[0-9a-f]{64}$/.test(digest)) return null;
+  const dot = path.lastIndexOf(".");
+  return `${path.slice(0, dot)}.${digest.slice(0, STORED_DIGITS)}${path.slice(dot)}`;
+}
 
 /** Whether a bundle of format `version` keeps its shaders in shaders.json (version 3 on). */
 export function packedShaders(version) {

@@ -15,7 +15,8 @@ export default {
       "enum": [
         1,
         2,
-        3
+        3,
+        4
       ]
     },
     "target": {
