@@ -16,17 +16,38 @@ from glcomp.state import check_state
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def check_input(name: str, spec: dict[str, Any], value: Any) -> np.ndarray:
-    """Return `value` as an array of the spec's shape; raise GlcompError naming the tensor."""
+# numpy dtype kinds of real numbers: booleans, signed and unsigned integers, floats (not complex
+# numbers, whose imaginary part a conversion drops, nor timedelta64/datetime64, which numpy counts
+# as integers).
+REAL_KINDS = "biuf"
+
+
+def as_real_array(value: Any, what: str) -> np.ndarray:
+    """`value` as a numpy array of real numbers; GlcompError naming `what` for anything else (a
+    torch tensor that requires grad, complex numbers, times, objects, strings)."""
+    if getattr(value, "requires_grad", False) and hasattr(value, "detach"):
+        raise GlcompError(
+            f"{what} is a torch tensor that requires grad: pass tensor.detach() (glcomp computes "
+            "gradients itself and reads only the values)"
+        )
     try:
         arr = np.asarray(value)
-    except (TypeError, ValueError) as err:
-        raise GlcompError(f"input {name!r}: not an array ({err})") from None
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise GlcompError(f"{what}: not an array ({err})") from None
+    if arr.dtype.kind not in REAL_KINDS:
+        raise GlcompError(
+            f"{what} must hold numbers: booleans, integers or floats (not complex numbers or times), got "
+            f"dtype {arr.dtype}"
+        )
+    return arr
+
+
+def check_input(name: str, spec: dict[str, Any], value: Any) -> np.ndarray:
+    """Return `value` as an array of the spec's shape; raise GlcompError naming the tensor."""
+    arr = as_real_array(value, f"input {name!r}")
     shape = tuple(spec["shape"])
     if arr.shape != shape:
         raise GlcompError(f"input {name!r} expected shape {shape} but got {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.number) and arr.dtype != np.bool_:
-        raise GlcompError(f"input {name!r} must hold numbers, got dtype {arr.dtype}")
     classes = spec.get("num_classes")
     if classes is not None:
         if not np.issubdtype(arr.dtype, np.integer) and not np.all(np.mod(arr, 1) == 0):
