@@ -154,23 +154,6 @@ register(
 
 
 # -- bmm: a batch of products, one draw over the whole batch ----------------------------------------
-@dataclass(frozen=True)
-class BmmTexel:
-    """bmm.frag.j2's root4: the texel (n[i0, i1, j0 + c])_c, K stepped by 4. A is read through its
-    vec4 function (A's texel (i0, i1, k0..k0+3)); B by rows (form "vec4": B's texel (i0, k, j0..))
-    or, where B is the transpose of the last two axes of S (q @ k.transpose(-2, -1)), along S's
-    rows (form "transposed": S's texel (i0, j0 + c, k0..k0+3), one dot product per column)."""
-
-    params4: str
-    args4: str
-    last: str
-    row_len: int
-    K: int
-    N: int
-    A: Operand
-    B: Operand
-
-
 def bmm_extent(shapes: list[tuple[int, ...]], attrs: dict[str, Any]) -> int:
     """One loop over K per output element."""
     return shapes[0][2]
@@ -181,7 +164,11 @@ def bmm_root(r: RenderContext, n: int) -> MatmulRoot:
     return MatmulRoot(r.graph.shape(a)[2], r.fn(a), r.fn(b))
 
 
-def bmm_root4(r: RenderContext, n: int) -> BmmTexel:
+def bmm_root4(r: RenderContext, n: int) -> MatmulTexel:
+    """bmm.frag.j2's root4: the texel (n[i0, i1, j0 + c])_c, K stepped by 4. A is read through its
+    vec4 function (A's texel (i0, i1, k0..k0+3)); B by rows (form "vec4": B's texel (i0, k, j0..))
+    or, where B is the transpose of the last two axes of S (q @ k.transpose(-2, -1)), along S's
+    rows (form "transposed": S's texel (i0, j0 + c, k0..k0+3), one dot product per column)."""
     g = r.graph
     a, b = g.operands(n)
     # B the transpose of S, fused here (not a stored value of its own, which is read by rows).
@@ -190,7 +177,7 @@ def bmm_root4(r: RenderContext, n: int) -> BmmTexel:
     else:
         right = Operand("vec4", fn4=r.fn4(b))
     head = r.root4_head(n)
-    return BmmTexel(**head, K=g.shape(a)[2], N=g.shape(b)[2], A=Operand("vec4", fn4=r.fn4(a)), B=right)
+    return MatmulTexel(**head, K=g.shape(a)[2], N=g.shape(b)[2], A=Operand("vec4", fn4=r.fn4(a)), B=right)
 
 
 register(Lowering("bmm", "bmm", loop_extent=bmm_extent, root=bmm_root, root4=bmm_root4))
