@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -20,7 +20,6 @@ from typing import Any
 
 import jinja2
 
-from glcomp.codegen.families.glsl import flat
 from glcomp.codegen.layout import Layout
 from glcomp.errors import GlcompError
 from glcomp.ir.graph import Graph
@@ -217,10 +216,6 @@ class RenderContext:
             "row_len": self.graph.shape(n)[-1],
         }
 
-    def flat_row(self, lead: list[str], shape: tuple[int, ...]) -> str:
-        """The flat row index of the leading indices `lead` of a tensor of `shape`."""
-        return flat(lead, shape[:-1]) if lead else "0"
-
 
 # -- the lowering record ----------------------------------------------------------------------------
 RootHook = Callable[[RenderContext, int], Any]
@@ -340,8 +335,3 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         auto_reload=False,  # templates do not change while a process runs: no stat per render
     )
-
-
-def family_modules() -> Iterator[str]:
-    """The template files of the families (``*.frag.j2``), by name."""
-    return (p.name for p in sorted(TEMPLATES.glob("*.frag.j2")))
