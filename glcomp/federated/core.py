@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from glcomp.errors import GlcompError
+from glcomp.format.files import fsync_path, write_atomic
 
 OPTIMIZER_MODES = ("reset", "keep")
 RUNTIME_KINDS = ("gl", "reference")
@@ -424,7 +425,7 @@ class RoundStore:
                     f"{self.dir}: not empty and not a federation directory (no {FEDERATION_FILE})"
                 )
         self.dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(marker, json.dumps(self._describe(), indent=1) + "\n")
+        write_atomic(marker, (json.dumps(self._describe(), indent=1) + "\n").encode())
 
     def rounds(self) -> list[int]:
         if not self.dir.is_dir():
@@ -483,11 +484,11 @@ class RoundStore:
                     {k: np.ascontiguousarray(v) for k, v in strategy_state.items()},
                     str(tmp / "strategy.safetensors"),
                 )
-                _fsync(tmp / "strategy.safetensors")
+                fsync_path(tmp / "strategy.safetensors")
             text = json.dumps(dict(info), indent=1, allow_nan=False, default=_json_default) + "\n"
             (tmp / "round.json").write_text(text)
-            _fsync(tmp / "round.json")
-            _fsync(tmp)
+            fsync_path(tmp / "round.json")
+            fsync_path(tmp)
             if final.exists():  # a round saved again (the server re-ran it): replace it whole
                 old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=self.dir))
                 os.rename(final, old / "round")
@@ -495,7 +496,7 @@ class RoundStore:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.rename(tmp, final)
-            _fsync(self.dir)
+            fsync_path(self.dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -520,24 +521,3 @@ def _json_default(value: Any) -> Any:
     if dataclasses.is_dataclass(value):
         return dataclasses.asdict(value)
     return str(value)
-
-
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    _fsync(tmp)
-    os.replace(tmp, path)
-    _fsync(path.parent)

@@ -11,7 +11,6 @@ file or the new one and a crash leaves no half-written file at the path.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from glcomp.errors import GlcompError
+from glcomp.format.files import write_atomic
 
 
 def as_state_arrays(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -50,30 +50,8 @@ def save_weights(path: str | os.PathLike[str], state: Mapping[str, Any]) -> Path
         raise GlcompError(f"save_weights: {parent} is not a directory")
     # torch's loaders read "format"; transformers' expects "pt" in it.
     data = save(arrays, metadata={"format": "pt"})
-    tmp = parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise GlcompError(f"save_weights: cannot write {path} ({err.strerror or err})") from None
-        raise
-    try:
-        dfd = os.open(parent, os.O_RDONLY)
-    except OSError:
-        return path
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename itself is done
-    finally:
-        os.close(dfd)
+        write_atomic(path, data)
+    except OSError as err:
+        raise GlcompError(f"save_weights: cannot write {path} ({err.strerror or err})") from None
     return path
