@@ -1,0 +1,4 @@
+"""Image transforms compiled into the bundle: augmentations that run in the train step (named and
+parameterised as torchvision.transforms.v2), see docs/transforms.md."""
+
+__all__: list[str] = []
