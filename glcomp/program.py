@@ -41,11 +41,14 @@ class InputSpec:
     shape: tuple[int, ...]
     dtype: str = "float32"
     num_classes: int | None = None  # class labels must lie in [0, num_classes)
+    image: dict[str, Any] | None = None  # an image input: frames of this size (see glcomp.transforms)
 
     def to_json(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
         if self.num_classes is not None:
             spec["num_classes"] = self.num_classes
+        if self.image is not None:
+            spec["image"] = dict(self.image)
         return spec
 
 
@@ -140,6 +143,7 @@ class Program:
         was loaded from, without compiling again)."""
         if kind == "reference":
             from glcomp.ir.interpret import evaluate
+            from glcomp.ir.names import program_tensor_nodes
             from glcomp.runtime.reference import ReferenceRuntime
 
             if not self.graphs:
@@ -147,7 +151,7 @@ class Program:
                     "this program was loaded from a bundle without IR graphs (no program.json); "
                     "only runtime('gl') can run it"
                 )
-            return self._bound(ReferenceRuntime(self, evaluate, **options))
+            return self._bound(ReferenceRuntime(self, evaluate, names=program_tensor_nodes, **options))
         if kind == "gl":
             from glcomp.runtime.gl import GLRuntime
 
@@ -370,6 +374,7 @@ class Program:
                 )
             # Outputs: the manifest's (same shapes), and state updates of the states' shapes.
             outs = m["entries"][entry]["outputs"]
+            outs = {k: v for k, v in outs.items() if not k.startswith("inspect:")}  # kept by inspect=
             plain = {k: n for k, n in g.outputs.items() if k.split(":", 1)[0] not in _UPDATES}
             need(
                 sorted(plain) == sorted(outs),

@@ -149,7 +149,13 @@ def entry_plan(program: Program, entry: str) -> KernelPlan:
     options = options_of(program)
     states = frozenset({**program.params, **program.buffers, **program.opt_state})
     target = options.planning_target()
-    return KernelPlan(entry, program.graphs[entry], target, options.passes, states, options.storage)
+    graph = program.graphs[entry]
+    if options.inspect:  # the tensors to keep readable: extra outputs, nothing else changes
+        from glcomp.ir.names import check_inspect_names, keep_for_inspect
+
+        nodes = check_inspect_names(program.graphs, options.inspect, states)
+        graph = keep_for_inspect(graph, nodes[entry], options.inspect)
+    return KernelPlan(entry, graph, target, options.passes, states, options.storage)
 
 
 def build_bundle(program: Program, dump_after: str | None = None, check: bool = False) -> Bundle:

@@ -60,6 +60,26 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
+def _inspect_names(value: Any, storage: str) -> tuple[str, ...]:
+    """The ``inspect=`` option checked: a list of tensor names (strings), duplicates dropped."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise GlcompError(
+            f"inspect must be a list of tensor names such as ['0', 'grad:0.weight'], got {value!r}"
+        )
+    bad = [v for v in value if not isinstance(v, str) or not v or len(v) > 200]
+    if bad:
+        raise GlcompError(
+            f"inspect: tensor names must be non-empty strings (at most 200 characters), got {bad!r}"
+        )
+    if value and storage == "f16":
+        # A kept tensor is stored where it may have been fused in registers: with half-precision
+        # temporaries its readers would see a rounded value and the training would change.
+        raise GlcompError(
+            "inspect= needs storage='f32' or 'rgba8' (exact float32 storage); got storage='f16'"
+        )
+    return tuple(dict.fromkeys(value))
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     """The code-generation options of a compiled program, checked.
@@ -67,7 +87,7 @@ class CompileOptions:
     Guarantees: `target` names a known target; each limit is None (the target's own) or a
     positive int (a bool for `float_blend`), `max_texture_size` a power of two; `passes` holds
     every switchable pass (those not given take their default: on, except OFF_BY_DEFAULT);
-    `storage` is a key of STORAGE.
+    `storage` is a key of STORAGE; `inspect` holds distinct non-empty tensor names.
     """
 
     target: str = "webgl2"
@@ -80,6 +100,9 @@ class CompileOptions:
         default_factory=lambda: MappingProxyType({k: k not in OFF_BY_DEFAULT for k in PASSES})
     )
     storage: str = "f32"
+    # Tensors kept readable by ``rt.inspect(name)`` (docs/inspect.md): each becomes an extra
+    # output ``inspect:<name>`` of the entries that compute it.
+    inspect: tuple[str, ...] = ()
 
     @classmethod
     def names(cls) -> list[str]:
@@ -128,7 +151,8 @@ class CompileOptions:
             if not isinstance(on, bool | np.bool_):
                 raise GlcompError(f"passes[{name!r}] must be True or False, got {on!r}")
         passes = {name: bool(given.get(name, name not in OFF_BY_DEFAULT)) for name in PASSES}
-        return cls(target=target, passes=MappingProxyType(passes), storage=storage, **limits)
+        inspect = _inspect_names(options.get("inspect", ()), storage)
+        return cls(target=target, passes=MappingProxyType(passes), storage=storage, inspect=inspect, **limits)
 
     def make_target(self) -> Target:
         """The target these options describe: the named profile with the given limits."""

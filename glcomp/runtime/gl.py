@@ -39,6 +39,7 @@ from glcomp.runtime.feeds import (
     check_read_loss,
     refuse_positional,
 )
+from glcomp.runtime.inspection import visible_outputs
 from glcomp.runtime.packing import pack, unpack
 
 # Texel format of a manifest texture -> (moderngl dtype, GL internal format name). An "rgba8"
@@ -298,6 +299,7 @@ class GLRuntime:
         self._written: dict[tuple[str, str], Any] = {}  # (program, uniform) -> value last written
         self._fbos: dict[tuple[int, ...], Any] = {}
         self._released = False
+        self._last_entry: str | None = None  # the entry point run last (what inspect reads)
         # Every GL object this runtime creates, in creation order; the finalizer holds this list
         # and the context, never the runtime, so it can run when the runtime is collected.
         self._objects: list[Any] = []
@@ -482,6 +484,7 @@ class GLRuntime:
             outputs[name] = self._read(out["textures"], out["layout"])
         for name in e["updates"]:
             self.parity[name] ^= 1
+        self._last_entry = entry  # whose outputs rt.inspect reads
         if entry == "train_step":
             for name in self.counters:
                 self.counters[name] = self.counters[name] + 1
@@ -519,13 +522,13 @@ class GLRuntime:
     @_gl_call
     def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
         refuse_positional("predict", args, self._input_names("predict"))
-        out = self._run("predict", inputs, None)
+        out = self._run("predict", inputs, visible_outputs(self.manifest["entries"]["predict"]))
         return out["output"] if list(out) == ["output"] else out
 
     @_gl_call
     def gradients(self, *args: Any, **inputs: Any) -> dict[str, np.ndarray]:
         refuse_positional("gradients", args, self._input_names("gradients"))
-        out = self._run("gradients", inputs, None)
+        out = self._run("gradients", inputs, visible_outputs(self.manifest["entries"]["gradients"]))
         return {k[5:]: v for k, v in out.items() if k.startswith("grad:")}
 
     @_gl_call
@@ -556,6 +559,35 @@ class GLRuntime:
             if read:
                 losses.append(check_read_loss(float(out["loss"]), i + 1, read_every))
         return losses
+
+    @_gl_call
+    def inspect(self, name: str) -> np.ndarray:
+        """The tensor `name` as the plan computed it (a float32 array of the plan's shape): a
+        state (parameter, buffer, optimizer state) as it is now, a counter, or a tensor of the
+        last entry point run (its outputs, and what the bundle kept with ``inspect=[...]``; see
+        docs/inspect.md). Reading changes nothing. GlcompError listing near matches for a name
+        the bundle does not hold, or naming the entries that compute it."""
+        from glcomp.runtime.inspection import inspectable, not_held, output_key
+
+        m = self.manifest
+        if name in m["states"]:
+            return self._read(self._state_refs(name), m["states"][name]["layout"])
+        if name in self.counters:
+            return np.array(self.counters[name], np.int64)
+        last = self._last_entry
+        key = output_key(m["entries"][last], name) if last is not None else None
+        if key is None:
+            raise not_held(name, inspectable(m), last, kept=False)
+        out = m["entries"][last]["outputs"][key]
+        # a state written by the entry was flipped after it: its "next" texture is "cur" now
+        updated = set(m["entries"][last]["updates"])
+
+        def now(r: Any) -> Any:
+            flipped = isinstance(r, dict) and r["version"] == "next" and r["state"] in updated
+            return {**r, "version": "cur"} if flipped else r
+
+        refs = [now(r) for r in out["textures"]]
+        return self._read(refs, out["layout"])
 
     def gl_objects(self) -> int:
         """How many GL objects this runtime holds (constant after the first call of each entry

@@ -18,6 +18,9 @@ from glcomp.state import check_state
 
 # The IR interpreter: (graph, feeds by input name, dtype) -> outputs by name.
 Evaluate = Callable[[Any, dict[str, Any], Any], dict[str, np.ndarray]]
+# The tensor names of a program's graphs: graphs by entry -> entry -> name -> node
+# (glcomp.ir.names.program_tensor_nodes).
+TensorNames = Callable[[Mapping[str, Any]], dict[str, dict[str, int]]]
 
 
 class ReferenceRuntime:
@@ -28,9 +31,13 @@ class ReferenceRuntime:
     `program` is a `glcomp.Program` and `evaluate` the IR interpreter that runs its graphs.
     """
 
-    def __init__(self, program: Any, evaluate: Evaluate, dtype: Any = np.float32) -> None:
+    def __init__(
+        self, program: Any, evaluate: Evaluate, dtype: Any = np.float32, names: TensorNames | None = None
+    ) -> None:
         self.program = program
         self._evaluate = evaluate
+        self._names = names  # the tensor names of the program's graphs, for inspect
+        self._last: tuple[str, dict[str, Any]] | None = None  # the last entry run and its feeds
         self.dtype = np.dtype(dtype)
         self.params = {k: v.astype(self.dtype) for k, v in program.params.items()}
         self.buffers = {k: v.astype(self.dtype) for k, v in program.buffers.items()}
@@ -52,7 +59,32 @@ class ReferenceRuntime:
         feeds: dict[str, Any] = dict(self.program.feeds(entry, inputs))
         feeds |= self.params | self.buffers | self.opt_state
         feeds["lr"] = self.lr
+        self._last = (entry, feeds)
         return self._evaluate(self.program.graphs[entry], feeds, self.dtype)
+
+    def inspect(self, name: str) -> np.ndarray:
+        """The tensor `name` (as `GLRuntime.inspect` names them, docs/inspect.md): a state as it
+        is now, a counter, or any tensor of the last entry point run, evaluated again from that
+        run's inputs and state (nothing changes; no ``inspect=`` option is needed here).
+        GlcompError listing near matches for an unknown name."""
+        from glcomp.runtime.inspection import not_held
+
+        self._check_usable()
+        states = self.params | self.buffers | self.opt_state
+        if name in states:
+            return states[name].copy()
+        if name in self.counters:
+            return np.array(self.counters[name], np.int64)
+        nodes = self._names(self.program.graphs) if self._names is not None else {}
+        held = {k: [e for e in nodes if k in nodes[e]] for k in set().union(*nodes.values())}
+        held |= {k: [] for k in states} | {k: [] for k in self.counters}
+        last = self._last[0] if self._last is not None else None
+        if last is None or name not in nodes.get(last, {}):
+            raise not_held(name, held, last, kept=True)
+        graph = self.program.graphs[last].copy()
+        graph.outputs = {name: nodes[last][name]}
+        graph.prune_in_place()
+        return self._evaluate(graph, self._last[1], self.dtype)[name]
 
     def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
         refuse_positional("predict", args, self._input_names("predict"))
