@@ -20,6 +20,7 @@ from glcomp.nn.functional import RNG_STEP
 from glcomp.nn.module import Module
 from glcomp.optim import Optimizer
 from glcomp.program import InputSpec, Program
+from glcomp.transforms.preprocess import ImageInput, declared_images
 
 
 def compile(  # noqa: A001 - the public name mirrors torch.compile
@@ -99,10 +100,14 @@ def _compile(
     graphs: dict[str, Graph] = {}
     in_forward = _is_forward(loss)
 
-    predict, _, result = trace_module(model, inputs, training=False)
+    with declared_images(inputs):  # inputs declared with glcomp.transforms.image_input
+        predict, _, result = trace_module(model, inputs, training=False)
     set_outputs(predict, _without_none(result), type(model).__name__)
     graphs["predict"] = _finish(predict)
-    data = {n: InputSpec(n, predict.shape(predict.inputs[n])) for n in inputs}
+    data = {
+        n: InputSpec(n, predict.shape(predict.inputs[n]), image=_image_of(inputs[n], n, options))
+        for n in inputs
+    }
     params = {k: p.data.copy() for k, p in model.named_parameters()}
     buffers = {k: np.asarray(b, np.float32).copy() for k, b in model.named_buffers() if not is_counter(b)}
     counters = {k: np.array(b).copy() for k, b in model.named_buffers() if is_counter(b)}
@@ -128,10 +133,12 @@ def _compile(
         spec = _given_spec(target_spec)
         program.target = _target_input(target_name, spec)
         targets = {target_name: (program.target.shape, program.target.dtype)}
-        graph, state, result = trace_module(model, inputs, training=True, targets=targets)
+        with declared_images(inputs):
+            graph, state, result = trace_module(model, inputs, training=True, targets=targets)
         value = _loss_in_result(result, owner)
     else:
-        graph, state, result = trace_module(model, inputs, training=True)
+        with declared_images(inputs):
+            graph, state, result = trace_module(model, inputs, training=True)
         output = _first_tensor(result, owner)
         extra = _loss_extras(loss, result, owner)
         spec = _given_spec(target_spec) if target_spec is not None else _loss_spec(loss, output.shape)
@@ -188,6 +195,18 @@ def _compile(
     keep = ["loss"] + [k for k in train.outputs if k.split(":")[0] in ("param", "state", "buffer")]
     graphs["train_step"] = _only(train, keep)
     return program
+
+
+def _image_of(shape: Any, name: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest's image record of an input declared with glcomp.transforms.image_input."""
+    if not isinstance(shape, ImageInput):
+        return None
+    if options.get("storage") == "rgba8":
+        raise GlcompError(
+            f"input {name!r}: image inputs need float input textures (frames upload as floats); "
+            "storage='rgba8' keeps every texture as bytes: use storage='f32' or 'f16'"
+        )
+    return shape.manifest()
 
 
 def trace(model: Module, training: bool = False, **input_shapes: Any) -> Graph:

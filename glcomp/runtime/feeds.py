@@ -42,8 +42,37 @@ def as_real_array(value: Any, what: str) -> np.ndarray:
     return arr
 
 
+def frame_sheet_of(name: str, image: dict[str, Any], shape: tuple[int, ...], value: Any) -> np.ndarray:
+    """The frame sheet (the input's tensor, see glcomp.ir.ops.image) holding the uint8 images
+    `value`, (N, H, W, 4) RGBA or (N, H, W, 3) RGB (alpha 255), each byte k as float32 k / 255
+    (what a GPU samples from an RGBA8 texel); GlcompError naming the input for anything else."""
+    arr = np.asarray(value)
+    n, h, w = image["batch"], image["height"], image["width"]
+    if arr.dtype != np.uint8:
+        raise GlcompError(
+            f"input {name!r} is an image input: pass uint8 images ({n}, {h}, {w}, 4), got dtype {arr.dtype}"
+        )
+    if arr.ndim != 4 or arr.shape[:3] != (n, h, w) or arr.shape[3] not in (3, 4):
+        raise GlcompError(
+            f"input {name!r} takes {n} images of {h}x{w} pixels, shape ({n}, {h}, {w}, 4) or "
+            f"({n}, {h}, {w}, 3); got shape {arr.shape}"
+        )
+    sheet = np.zeros(shape, np.float32)
+    cols = image["columns"]
+    pixels = np.full((n, h, w, 4), 255, np.uint8)
+    pixels[..., : arr.shape[3]] = arr
+    values = pixels.astype(np.float32) / np.float32(255)
+    for k in range(n):
+        q, c = divmod(k, cols)
+        sheet[q, :h, c * w : (c + 1) * w] = values[k]
+    return sheet
+
+
 def check_input(name: str, spec: dict[str, Any], value: Any) -> np.ndarray:
-    """Return `value` as an array of the spec's shape; raise GlcompError naming the tensor."""
+    """Return `value` as an array of the spec's shape; raise GlcompError naming the tensor. An
+    image input takes uint8 images (see `frame_sheet_of`)."""
+    if spec.get("image") is not None:
+        return frame_sheet_of(name, spec["image"], tuple(spec["shape"]), value)
     arr = as_real_array(value, f"input {name!r}")
     shape = tuple(spec["shape"])
     if arr.shape != shape:

@@ -371,6 +371,51 @@ export default {
               "type": "null"
             }
           ]
+        },
+        "image": {
+          "description": "an image input: the input's texture holds frames of height x width RGBA pixels (frame n at column (n % columns) * width, row floor(n / columns) * frame_rows, one pixel a texel, each byte as k / 255); runtimes take images for it",
+          "type": "object",
+          "properties": {
+            "batch": {
+              "type": "integer",
+              "minimum": 1,
+              "maximum": 65536
+            },
+            "height": {
+              "type": "integer",
+              "minimum": 1,
+              "maximum": 65536
+            },
+            "width": {
+              "type": "integer",
+              "minimum": 1,
+              "maximum": 65536
+            },
+            "columns": {
+              "type": "integer",
+              "minimum": 1,
+              "maximum": 65536
+            },
+            "frame_rows": {
+              "type": "integer",
+              "minimum": 1,
+              "maximum": 65536
+            },
+            "channels": {
+              "enum": [
+                "rgba"
+              ]
+            }
+          },
+          "required": [
+            "batch",
+            "height",
+            "width",
+            "columns",
+            "frame_rows",
+            "channels"
+          ],
+          "additionalProperties": false
         }
       },
       "required": [
