@@ -162,3 +162,16 @@ def test_manifest_declares_the_image_input():
         "channels": "rgba",
     }
     assert spec["shape"] == [q, hp, wt, 4] and spec["layout"]["width"] == wt
+
+
+def test_info_says_whether_the_renderer_is_software():
+    from glcomp.runtime.gl import SOFTWARE_RENDERERS
+
+    prog = _compile((4, 4), (6, 6), "resize", "rgb", 1)
+    info = prog.runtime("gl").info()
+    assert isinstance(info["renderer"], str) and info["renderer"]
+    assert info["software"] == bool(SOFTWARE_RENDERERS.search(f"{info['renderer']} {info['vendor']}"))
+    for name in ("llvmpipe (LLVM 15.0.6, 256 bits)", "Google SwiftShader", "Microsoft Basic Render Driver"):
+        assert SOFTWARE_RENDERERS.search(name), name
+    for name in ("NVIDIA GeForce RTX 3080/PCIe/SSE2", "Apple M1", "ANGLE (Intel, Intel(R) UHD Graphics 630)"):
+        assert not SOFTWARE_RENDERERS.search(name), name

@@ -167,9 +167,16 @@ def default_context() -> Any:
         return _default_ctx
 
 
+# Renderer strings of software rasterisers (no GPU): Mesa's llvmpipe, softpipe and swrast,
+# SwiftShader, lavapipe, Microsoft Basic Render Driver (glcomp.js tests the same words).
+SOFTWARE_RENDERERS = re.compile(r"swiftshader|llvmpipe|softpipe|software|basic render|lavapipe|swrast", re.I)
+
+
 def _info_of(ctx: Any) -> dict[str, Any]:
     info = ctx.info
+    renderer = str(info.get("GL_RENDERER") or "")
     return {
+        "software": bool(SOFTWARE_RENDERERS.search(f"{renderer} {info.get('GL_VENDOR') or ''}")),
         "renderer": info.get("GL_RENDERER"),
         "vendor": info.get("GL_VENDOR"),
         "version": info.get("GL_VERSION"),
