@@ -35,6 +35,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     clip_grad_value: float | None = None,
     clip_grad_norm: float | None = None,
     dump_after: str | None = None,
+    transforms: Any = None,
     **options: Any,
 ) -> Program:
     """Compile `model` for the given input shapes.
@@ -65,7 +66,10 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     Unknown options and ill-typed values raise GlcompError listing the valid ones
     (glcomp.codegen.options.CompileOptions). `dump_after` names a code-generation pass
     (glcomp.codegen.pipeline.PASS_NAMES): the program is then lowered at once and the kernel plan
-    of each entry point printed after that pass.
+    of each entry point printed after that pass. `transforms` (glcomp.transforms modules) augments
+    inputs in the train-mode graphs (gradients, train_step) and is the identity in predict: a
+    module or a list of them for the one input, or a dict input name -> module or list
+    (see docs/transforms.md).
     """
     _check_arguments(model, inputs, loss, optimizer, target, target_name, clip_grad_value, clip_grad_norm)
     _check_options(options)
@@ -74,6 +78,10 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
 
         check_pass_name(dump_after)
     clip = (clip_grad_value, clip_grad_norm)
+    if transforms is not None:
+        from glcomp.transforms.compose import input_transforms
+
+        options["transforms"] = input_transforms(transforms, inputs)
     with gc_paused():  # see glcomp.ir.gcpause
         program = _compile(model, inputs, loss, optimizer, target, target_name, target_spec, *clip, options)
     if dump_after is not None:
@@ -99,6 +107,11 @@ def _compile(
     """`compile` after its arguments are checked: trace and differentiate."""
     graphs: dict[str, Graph] = {}
     in_forward = _is_forward(loss)
+    traced: Any = model
+    if "transforms" in options:
+        from glcomp.transforms.compose import Augmented
+
+        traced = Augmented(model, options.pop("transforms"))
 
     with declared_images(inputs):  # inputs declared with glcomp.transforms.image_input
         predict, _, result = trace_module(model, inputs, training=False)
@@ -134,11 +147,11 @@ def _compile(
         program.target = _target_input(target_name, spec)
         targets = {target_name: (program.target.shape, program.target.dtype)}
         with declared_images(inputs):
-            graph, state, result = trace_module(model, inputs, training=True, targets=targets)
+            graph, state, result = trace_module(traced, inputs, training=True, targets=targets)
         value = _loss_in_result(result, owner)
     else:
         with declared_images(inputs):
-            graph, state, result = trace_module(model, inputs, training=True)
+            graph, state, result = trace_module(traced, inputs, training=True)
         output = _first_tensor(result, owner)
         extra = _loss_extras(loss, result, owner)
         spec = _given_spec(target_spec) if target_spec is not None else _loss_spec(loss, output.shape)

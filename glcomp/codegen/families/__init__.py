@@ -2,7 +2,7 @@
 templates (map and movement ops fused into their readers, matmul with its blocked form, conv,
 pool, reduce). Only this package names ops; `Lowering` records are registered per op."""
 
-from glcomp.codegen.families import conv, matmul, movement, pool, reduce  # noqa: F401
+from glcomp.codegen.families import conv, image, matmul, movement, pool, reduce, resample  # noqa: F401
 from glcomp.codegen.families.base import (
     FUSED_KINDS,
     LOOP_KINDS,

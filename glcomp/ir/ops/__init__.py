@@ -3,12 +3,14 @@
 from glcomp.ir.ops import (  # noqa: F401
     conv,
     elementwise,
+    image,
     index,
     matmul,
     movement,
     pool,
     random,
     reduce,
+    resample,
     source,
     special,
 )
