@@ -22,3 +22,4 @@ export {
   writeSafetensors,
 } from "./io.js";
 export { PRESETS, Runtime } from "./runtime.js";
+export { WorkerRuntime, load, workerSupported } from "./worker.js"; // training in a Worker (docs/worker.md)

@@ -4,6 +4,8 @@ import {
   checkFeeds, loadBundle, nestedShape, pack, parseSafetensors, unpack, writeSafetensors,
 } from "./io.js";
 import { TEXEL_BYTES, texelSpan, textureFormat } from "./manifest.js";
+import { inspectTensor, visibleOutputs } from "./inspect.js";
+import { isFrames, uploadFrames } from "./frames.js";
 import {
   GlcompError, fmtList, fmtShape, isInt, isObj, maxOf, nextFrame, nextTask, prod, repr, sameList, sleep,
 } from "./util.js";
@@ -601,7 +603,15 @@ export class Runtime {
     }
     const e = m.entries[entry];
     const specs = Object.fromEntries(Object.keys(e.inputs).map((k) => [k, m.inputs[k]]));
-    const feeds = checkFeeds(entry, specs, inputs);
+    // Image inputs given as frames (video, canvas, bitmap, ...) go straight to their textures (frames.js).
+    const frames = Object.keys(specs).filter((k) => specs[k].image && inputs && isFrames(inputs[k]));
+    const without = (o) => Object.fromEntries(Object.entries(o).filter(([k]) => !frames.includes(k)));
+    const feeds = frames.length ? checkFeeds(entry, without(specs), without(inputs)) : checkFeeds(entry, specs, inputs);
+    for (const k of frames) {
+      const tex = this._texture(e.inputs[k][0]);
+      if (tex.__span === 4) throw new GlcompError(`input ${repr(k)}: frames need a float input texture (the bundle stores bytes)`);
+      uploadFrames(this.gl, tex, k, specs[k].image, inputs[k]);
+    }
     const names = read ?? Object.keys(e.outputs);
     for (const n of names) if (!Object.hasOwn(e.outputs, n)) throw new GlcompError(`${entry} has no output ${repr(n)}`);
     const gl = this.gl;
@@ -614,6 +624,7 @@ export class Runtime {
     gl.bindFramebuffer(gl.FRAMEBUFFER, null);
     const result = this._readMany(names.map((n) => ({ refs: e.outputs[n].textures, layout: e.outputs[n].layout })));
     for (const name of e.updates ?? []) this.parity[name] ^= 1;
+    this._lastEntry = entry; // whose outputs inspect() reads
     if (!this._checkedEntries.has(entry)) {
       this._checkedEntries.add(entry);
       const err = gl.getError();
@@ -658,7 +669,7 @@ export class Runtime {
   // -- the runtime interface -------------------------------------------------------------------
   /** Run `predict`: the model's output as {shape, dtype, data} (or {name: tensor} for several). */
   async predict(inputs) {
-    const out = await this._run("predict", inputs);
+    const out = await this._run("predict", inputs, visibleOutputs(this.manifest.entries.predict ?? { outputs: {} }));
     const names = Object.keys(out);
     if (names.length === 1 && names[0] === "output") return this._tensor("predict", "output", out.output);
     return Object.fromEntries(names.map((n) => [n, this._tensor("predict", n, out[n])]));
@@ -666,7 +677,7 @@ export class Runtime {
 
   /** Loss and parameter gradients (train mode, no update): {loss, "<param>": tensor, ...}. */
   async gradients(inputs) {
-    const out = await this._run("gradients", inputs);
+    const out = await this._run("gradients", inputs, visibleOutputs(this.manifest.entries.gradients ?? { outputs: {} }));
     const res = Object.create(null);
     for (const [k, v] of Object.entries(out)) {
       if (k.startsWith("grad:")) res[k.slice(5)] = this._tensor("gradients", k, v);
@@ -739,6 +750,12 @@ export class Runtime {
       for (const p of queue) p.catch(() => {});
     }
     return losses;
+  }
+
+  /** The tensor `name` ({shape, dtype, data}) read back without changing the computation: a
+   *  state, a counter, or a tensor of the entry run last (see inspect.js, docs/inspect.md). */
+  inspect(name) {
+    return inspectTensor(this, name);
   }
 
   // -- context loss ----------------------------------------------------------------------------
