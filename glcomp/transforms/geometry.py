@@ -101,8 +101,11 @@ class RandomAffine(Augmentation):
         self.degrees = interval(self, "degrees", degrees, -3600.0, 3600.0, symmetric=0.0)
         self.translate = None
         if translate is not None:
-            t = interval(self, "translate", translate, 0.0, 1.0)
-            self.translate = t
+            if not isinstance(translate, list | tuple) or len(translate) != 2:
+                raise fail(
+                    self, f"translate must be (a, b), the largest shifts as fractions, got {translate!r}"
+                )
+            self.translate = tuple(number(self, "translate", t, 0.0, 1.0) for t in translate)
         self.scale = None if scale is None else interval(self, "scale", scale, 1.0 / 16, 16.0)
         if self.scale is not None and self.scale[0] <= 0:
             raise fail(self, f"scale must be positive, got {scale!r}")
