@@ -148,6 +148,11 @@ export class Runtime {
   train(options: TrainOptions): Promise<number[]>;
   /** Set the learning rate (a finite number >= 0). */
   setLr(lr: number): void;
+  /** A named tensor (a state, a counter, or one of the last entry run; docs/inspect.md). */
+  inspect(name: string): Promise<Tensor>;
+  /** Set by `load`: where the steps run, and why a worker was not used. */
+  thread?: "main";
+  fallbackReason?: string;
 
   /** Parameters, float buffers and counters by torch name (with `optimizer`: optimizer state too). */
   getWeights(options?: { optimizer?: boolean }): Record<string, { shape: number[]; dtype: DType; data: Float32Array | number[] }>;
@@ -215,3 +220,35 @@ export function checkInput(name: string, spec: { shape: number[]; dtype?: string
 export function checkFeeds(entry: string, specs: Record<string, { shape: number[]; dtype?: string; num_classes?: number }>, given: Inputs): Record<string, Float32Array | Int32Array>;
 /** Offer `bytes` to the user as a download named `filename`. */
 export function downloadBytes(bytes: ArrayBuffer | ArrayBufferView | Blob, filename: string): void;
+
+/** The Runtime API in a dedicated Worker with an OffscreenCanvas WebGL context (docs/worker.md). */
+export class WorkerRuntime {
+  static load(source: BundleSource, options?: LoadOptions): Promise<WorkerRuntime>;
+  readonly thread: "worker";
+  readonly manifest: Manifest;
+  /** Train steps run since load, as of the worker's last reply. */
+  steps: number;
+  info(): RuntimeInfo & { thread: "worker" };
+  predict(inputs: Inputs, options?: { transfer?: boolean }): Promise<Tensor | Record<string, Tensor>>;
+  gradients(inputs: Inputs, options?: { transfer?: boolean }): Promise<{ loss: number } & Record<string, Tensor | number>>;
+  trainStep(inputs: Inputs, options?: { transfer?: boolean }): Promise<number>;
+  train(options: { steps?: number; batches: Inputs[]; onStep?: (step: number, loss: number) => unknown; inflight?: number;
+    keepEvery?: number; progressEvery?: number; transfer?: boolean }): Promise<number[]>;
+  inspect(name: string): Promise<Tensor>;
+  setLr(lr: number): Promise<void>;
+  getWeights(options?: { optimizer?: boolean }): Promise<Record<string, { shape: number[]; dtype: DType; data: Float32Array | BigInt64Array }>>;
+  setWeights(state: Record<string, { shape?: number[]; data: ArrayLike<number> } | ArrayLike<number>> | ArrayBuffer): Promise<void>;
+  exportSafetensors(options?: { optimizer?: boolean }): Promise<ArrayBuffer>;
+  snapshot(): Promise<number>;
+  liveObjects(): Promise<Record<string, number>>;
+  saveToIndexedDB(key: string, options?: { dbName?: string }): Promise<void>;
+  loadFromIndexedDB(key: string, options?: { dbName?: string }): Promise<boolean>;
+  /** End the worker; resolves to its runtime's live GL objects after dispose (all zero). */
+  dispose(): Promise<Record<string, number> | null>;
+}
+
+/** Load a bundle in a Worker ("auto", the default: where workers have OffscreenCanvas WebGL, else
+ *  on the main thread; true: a worker or an error; false: the main thread). */
+export function load(source: BundleSource, options?: LoadOptions & { worker?: boolean | "auto"; workerUrl?: string | URL }): Promise<Runtime | WorkerRuntime>;
+/** Whether this browser has Worker and OffscreenCanvas. */
+export function workerSupported(): boolean;
