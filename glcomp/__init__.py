@@ -77,7 +77,7 @@ def load(directory: "str | os.PathLike[str]") -> Program:
     ``glcomp.load(d).runtime("gl")`` runs the loaded shaders without compiling again, and
     ``.runtime("reference")`` the saved IR graphs. The bundle is validated first (GlcompError
     naming the file at fault); nothing in it is executed and no symbolic link in it is followed."""
-    from glcomp.codegen.bundle import load_bundle
+    from glcomp.format.bundle import load_bundle
 
     return Program.from_bundle(load_bundle(directory))
 

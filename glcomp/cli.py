@@ -187,7 +187,7 @@ def parse_files(items: list[str]) -> dict[str, np.ndarray]:
 def check_bundle_dir(path: Path) -> None:
     """Refuse to write a bundle into anything but a new, empty or bundle directory (checked
     again by the save itself; called early so a bad --out fails before a slow compile)."""
-    from glcomp.codegen.schema import check_save_target
+    from glcomp.format.store import check_save_target
 
     check_save_target(path)
 

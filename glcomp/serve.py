@@ -492,7 +492,7 @@ def serve(
     quiet: bool = False,
 ) -> None:
     """Check the bundle, then serve it with the demo page until interrupted (Ctrl-C)."""
-    from glcomp.codegen.bundle import load_bundle
+    from glcomp.format.bundle import load_bundle
 
     bundle = load_bundle(bundle_dir)  # fail here, not in the browser, on a broken bundle
     if "train_step" not in bundle.manifest["entries"]:

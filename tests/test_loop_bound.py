@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import glcomp
 from glcomp import GlcompError, nn, optim
 from glcomp.codegen.bundle import build_bundle
-from glcomp.codegen.schema import (
+from glcomp.format.shaders import (
     _CODE_CHARS,
     _COMMENT,
     _DIRECTIVE,

@@ -34,10 +34,10 @@ from test_browser import _js, browser, page, site  # noqa: F401  (the Chromium f
 
 import glcomp
 from glcomp import nn, optim
-from glcomp.codegen import schema
-from glcomp.codegen.schema import LOCK_FILE, STAGING_PREFIX, read_bundle
 from glcomp.errors import GlcompError
+from glcomp.format import store as schema
 from glcomp.format import stored_name
+from glcomp.format.store import LOCK_FILE, STAGING_PREFIX, read_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 STORED = ("program.json", "shaders.json", "weights.safetensors")
@@ -365,7 +365,7 @@ def test_a_kill_at_every_syscall_of_a_save_leaves_the_old_or_the_new_bundle(
 _READER = """
 import hashlib, json, sys, time
 import numpy as np
-from glcomp.codegen.schema import read_bundle
+from glcomp.format.store import read_bundle
 from glcomp.errors import GlcompError
 directory, seconds = sys.argv[1], float(sys.argv[2])
 def fingerprint(weights):

@@ -22,9 +22,9 @@ from conftest import as_format_3, stored_path
 
 import glcomp
 from glcomp import nn, optim
-from glcomp.codegen import schema
 from glcomp.codegen.bundle import load_bundle
 from glcomp.errors import GlcompError
+from glcomp.format import store as schema
 
 OPTIMIZERS = {"adam": lambda: optim.Adam(lr=0.01), "sgd-momentum": lambda: optim.SGD(lr=0.05, momentum=0.9)}
 

@@ -1,17 +1,14 @@
-"""Bundles: a compiled program as data: manifest.json, shaders.json (every shader: an object of
-shader file name -> GLSL source), weights.safetensors and program.json (format version 4, which
-stores each file but the manifest under a name carrying its sha256; version 3, still loaded, under
-those plain names; versions 1 and 2 kept each shader in a file of its own under shaders/).
+"""Lowering a program to a bundle: each entry point through the passes of
+glcomp.codegen.pipeline.PIPELINE (layout, kernel plan, GLSL, memory plan, schedule) into a
+manifest and its shaders.
 
-`build_bundle` lowers each entry point of a Program (layout, kernel plan, GLSL, memory plan,
-schedule); `Bundle.save` writes it and `load_bundle` reads one back, validating it against the
-schema in glcomp/codegen/schema.py. Nothing in a bundle is ever executed as Python.
+The bundle format itself (`Bundle`, its name and version, reading, writing and validation) lives
+in glcomp.format; `Bundle` and `load_bundle` are re-exported here for callers that import them
+from this module. Nothing in a bundle is ever executed as Python.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,56 +25,13 @@ from glcomp.codegen.pipeline import check_pass_name, run_pipeline
 from glcomp.codegen.programs import merge_origins
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.render_cache import Lowered, RenderCache
-from glcomp.codegen.schema import TEXEL_BYTES, shader_loop_bound, shader_path
 from glcomp.codegen.target import Target
-from glcomp.errors import GlcompError
+from glcomp.format import TEXEL_BYTES
+from glcomp.format.bundle import FORMAT, VERSION, Bundle, load_bundle
+from glcomp.format.manifest import shader_path
+from glcomp.format.shaders import shader_loop_bound
 from glcomp.ir.gcpause import gc_paused
 from glcomp.program import ENTRY_POINTS, Program
-
-FORMAT = "glcomp-bundle"
-VERSION = 4  # the format saves write (glcomp.codegen.schema.write_bundle)
-
-
-@dataclass
-class Bundle:
-    manifest: dict[str, Any]
-    shaders: dict[str, str]  # shader file name (a key of shaders.json) -> source
-    weights: dict[str, np.ndarray]
-    # program.json: the IR graphs and what `glcomp.load` needs to rebuild the Program (plain
-    # JSON data, see Program.to_json); None for bundles built by hand.
-    program: dict[str, Any] | None = None
-
-    def save(self, directory: str | Path) -> Path:
-        """Write the bundle to `directory` atomically and in place (see
-        glcomp.codegen.schema.write_bundle, docs/saving.md): a bundle already there is replaced
-        as a whole by one rename of its manifest, the directory itself and the other files in it
-        are never touched, and a failed or killed save leaves the previous bundle as it was.
-        Returns the directory."""
-        from glcomp.codegen.schema import write_bundle
-
-        return write_bundle(self, Path(directory))
-
-    def with_state(self, weights: dict[str, Any], lr: float) -> Bundle:
-        """The same bundle holding other state: `weights` must hold every state and counter
-        of this bundle in its shape (extra names are an error); `lr` is the learning rate."""
-        states, counters = self.manifest["states"], self.manifest["counters"]
-        want = {k: tuple(st["layout"]["shape"]) for k, st in states.items()} | {k: () for k in counters}
-        if set(weights) != set(want):
-            raise GlcompError(
-                f"bundle state: missing {sorted(set(want) - set(weights))}, "
-                f"unexpected {sorted(set(weights) - set(want))}"
-            )
-        new: dict[str, np.ndarray] = {}
-        for k, shape in want.items():
-            value = np.asarray(weights[k])
-            if value.shape != shape:
-                raise GlcompError(f"bundle state: {k!r} has shape {value.shape}, expected {shape}")
-            new[k] = value.astype(np.int64 if k in counters else np.float32)
-        manifest = dict(self.manifest)
-        manifest["hyper"] = {**self.manifest["hyper"], "lr": float(lr)}
-        manifest["counters"] = {k: int(new[k]) for k in counters}
-        return Bundle(manifest, dict(self.shaders), new, self.program)
-
 
 # The switchable passes and their defaults live with the typed options (one source); kept here
 # under their old names for callers that list them.
@@ -293,13 +247,6 @@ def _emit_entry(
         "updates": sorted(set(state_out.values())),
         "draws": draws,
     }
-
-
-def load_bundle(directory: str | Path) -> Bundle:
-    """Read and validate a bundle directory; raises GlcompError naming the fault."""
-    from glcomp.codegen.schema import read_bundle
-
-    return read_bundle(Path(directory))
 
 
 def _draws(
