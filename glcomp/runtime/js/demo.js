@@ -180,6 +180,45 @@ async function sampleText(rt, data, count, random) {
   return { prompt, text };
 }
 
+// -- the texture inspector: a chosen tensor as a heat map (docs/inspect.md) ----------------------
+/** The tensors the bundle lets the page inspect: parameters and what inspect=[...] kept. */
+function inspectNames(manifest) {
+  const kept = Object.keys(manifest.entries.train_step?.outputs ?? {}).filter((k) => k.startsWith("inspect:"))
+    .map((k) => k.slice("inspect:".length));
+  const params = Object.entries(manifest.states).filter(([, st]) => st.role === "param").map(([k]) => k);
+  return [...kept, ...params];
+}
+
+let heatBusy = false;
+/** Draw the tensor chosen in #tensor as a heat map (rows: the first axis, columns: the rest;
+ *  blue negative, red positive, scaled by its largest magnitude). Skips while a readback runs. */
+async function drawHeat(rt) {
+  const name = $("tensor").value;
+  if (!name || heatBusy) return;
+  heatBusy = true;
+  try {
+    const t = await rt.inspect(name);
+    const rows = t.shape.length > 1 ? t.shape[0] : 1;
+    const cols = Math.max(1, t.data.length / rows);
+    const canvas = $("heat");
+    canvas.width = cols;
+    canvas.height = rows;
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(cols, rows);
+    const big = t.data.reduce((a, v) => Math.max(a, Math.abs(Number(v))), 0) || 1;
+    t.data.forEach((v, i) => {
+      const u = Number(v) / big;
+      img.data.set(u >= 0 ? [255, 255 * (1 - u), 255 * (1 - u), 255] : [255 * (1 + u), 255 * (1 + u), 255, 255], 4 * i);
+    });
+    ctx.putImageData(img, 0, 0);
+    $("heat-label").textContent = `${name} ${JSON.stringify(t.shape)}, |max| ${big.toPrecision(3)}`;
+  } catch (err) {
+    $("heat-label").textContent = err.message;
+  } finally {
+    heatBusy = false;
+  }
+}
+
 function drawChart(losses, accuracies, epochsPlanned, stepsPerEpoch) {
   const canvas = $("chart");
   const ctx = canvas.getContext("2d");
@@ -244,6 +283,8 @@ function drawChart(losses, accuracies, epochsPlanned, stepsPerEpoch) {
 
 async function main() {
   const rt = await Runtime.load(bundleUrl, { quiet: true });
+  $("tensor").replaceChildren(...inspectNames(rt.manifest).map((n) => new Option(n, n)));
+  $("tensor").onchange = () => drawHeat(rt);
   demo.info = rt.info();
   $("info").textContent = `WebGL ${demo.info.webgl} on ${demo.info.renderer}`;
   if (demo.info.warnings.length) {
@@ -298,6 +339,7 @@ async function main() {
           if (now - lastDraw > 50) {
             lastDraw = now;
             drawChart(demo.losses, demo.accuracies, epochs, stepsPerEpoch);
+            drawHeat(rt);
             $("stats").textContent = `epoch ${epoch + 1}/${epochs} · step ${demo.steps} · loss ${loss.toFixed(4)}`
               + (demo.msPerStep ? ` · ${demo.msPerStep.toFixed(1)} ms/step` : "");
           }
