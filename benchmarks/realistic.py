@@ -112,49 +112,203 @@ def _vgg_layers(lib: Any, widths: tuple[int, int], fc: int) -> list[Any]:
     return [*layers, lib.Flatten(), lib.Linear(b * 64, fc), lib.ReLU(), lib.Linear(fc, 10)]
 
 
-def _vgg(name: str, batch: int, widths: tuple[int, int], fc: int) -> Realistic:
+def _residual_block(lib: Any, cin: int, cout: int, stride: int) -> Any:
+    """A ResNet basic block (two 3x3 conv + BatchNorm, identity or 1x1 projection shortcut),
+    written once for glcomp.nn and torch.nn (`lib`)."""
+
+    class Block(lib.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = lib.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+            self.bn1 = lib.BatchNorm2d(cout)
+            self.conv2 = lib.Conv2d(cout, cout, 3, padding=1, bias=False)
+            self.bn2 = lib.BatchNorm2d(cout)
+            self.relu = lib.ReLU()
+            if stride != 1 or cin != cout:
+                self.short = lib.Sequential(
+                    lib.Conv2d(cin, cout, 1, stride=stride, bias=False), lib.BatchNorm2d(cout)
+                )
+            else:
+                self.short = lib.Identity()
+
+        def forward(self, x: Any) -> Any:
+            y = self.relu(self.bn1(self.conv1(x)))
+            return self.relu(self.bn2(self.conv2(y)) + self.short(x))
+
+    return Block()
+
+
+def _resnet_layers(lib: Any) -> list[Any]:
+    stem = [lib.Conv2d(3, 32, 3, padding=1, bias=False), lib.BatchNorm2d(32), lib.ReLU()]
+    blocks = [_residual_block(lib, 32, 32, 1), _residual_block(lib, 32, 32, 1)]
+    blocks += [_residual_block(lib, 32, 64, 2), _residual_block(lib, 64, 64, 1)]
+    return [*stem, *blocks, lib.AdaptiveAvgPool2d(1), lib.Flatten(), lib.Linear(64, 10)]
+
+
+def _mobilenet_layers(lib: Any) -> list[Any]:
+    """MobileNet-style: a 3x3 stem, then depthwise (groups = channels) 3x3 + pointwise 1x1
+    blocks, each with BatchNorm and ReLU, widths 32-64-128-128-256."""
+
+    def bn_relu(c: int) -> list[Any]:
+        return [lib.BatchNorm2d(c), lib.ReLU()]
+
+    layers = [lib.Conv2d(3, 32, 3, padding=1, bias=False), *bn_relu(32)]
+    for cin, cout, stride in ((32, 64, 1), (64, 128, 2), (128, 128, 1), (128, 256, 2)):
+        layers += [lib.Conv2d(cin, cin, 3, stride=stride, padding=1, groups=cin, bias=False), *bn_relu(cin)]
+        layers += [lib.Conv2d(cin, cout, 1, bias=False), *bn_relu(cout)]
+    return [*layers, lib.AdaptiveAvgPool2d(1), lib.Flatten(), lib.Linear(256, 10)]
+
+
+def _hourglass_layers(lib: Any) -> list[Any]:
+    """An hourglass encoder-decoder (the pose use case): three stride-2 conv stages down, three
+    ConvTranspose2d stages up, 16 heat-map channels at the input resolution."""
+
+    def down(cin: int, cout: int) -> list[Any]:
+        return [lib.Conv2d(cin, cout, 3, stride=2, padding=1), lib.BatchNorm2d(cout), lib.ReLU()]
+
+    def up(cin: int, cout: int) -> list[Any]:
+        return [lib.ConvTranspose2d(cin, cout, 4, stride=2, padding=1), lib.BatchNorm2d(cout), lib.ReLU()]
+
+    body = [*down(3, 32), *down(32, 64), *down(64, 128), lib.Conv2d(128, 128, 3, padding=1), lib.ReLU()]
+    return [*body, *up(128, 64), *up(64, 32), *up(32, 32), lib.Conv2d(32, 16, 1)]
+
+
+class _Recurrent:
+    """LSTM(64 -> 256) over the sequence, a linear layer on the last step's output (both libs)."""
+
+    @staticmethod
+    def layers(lib: Any) -> list[Any]:
+        class LastStep(lib.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lstm = lib.LSTM(64, 256, batch_first=True)
+                self.fc = lib.Linear(256, 10)
+
+            def forward(self, x: Any) -> Any:
+                out, _ = self.lstm(x)
+                return self.fc(out[:, -1])
+
+        return [LastStep()]
+
+
+def _supervised(
+    name: str,
+    description: str,
+    layers: Callable[[Any], list[Any]],
+    x_shape: tuple[int, ...],
+    optimizer: str,
+    target: str = "classes",
+) -> Realistic:
+    """A workload of `layers` (built for glcomp.nn or torch.nn) on inputs of `x_shape` (batch
+    first), trained with cross-entropy on 10 classes or (target "heatmaps") MSE against a target
+    of the output's shape; optimizer "sgd" (momentum 0.9, lr 0.01) or "adam" (lr 1e-3)."""
+    out_shape = (x_shape[0], 16, *x_shape[2:])
+
+    def make_opt(lib: Any, params: Any = None) -> Any:
+        if lib is optim:
+            return optim.SGD(lr=0.01, momentum=0.9) if optimizer == "sgd" else optim.Adam(lr=1e-3)
+        return lib.SGD(params, lr=0.01, momentum=0.9) if optimizer == "sgd" else lib.Adam(params, lr=1e-3)
+
     def make() -> glcomp.Program:
         glcomp.manual_seed(0)
-        model = nn.Sequential(*_vgg_layers(nn, widths, fc))
-        opt = optim.SGD(lr=0.01, momentum=0.9)
-        return glcomp.compile(model, {"x": (batch, 3, 32, 32)}, loss=nn.CrossEntropyLoss(), optimizer=opt)
+        model = nn.Sequential(*layers(nn))
+        loss = nn.MSELoss() if target == "heatmaps" else nn.CrossEntropyLoss()
+        return glcomp.compile(model, {"x": x_shape}, loss=loss, optimizer=make_opt(optim))
 
     def data() -> dict[str, np.ndarray]:
         rng = np.random.default_rng(0)
-        x = rng.normal(size=(batch, 3, 32, 32)).astype(np.float32)
-        return {"x": x, "y": rng.integers(0, 10, size=batch)}
+        x = rng.normal(size=x_shape).astype(np.float32)
+        if target == "heatmaps":
+            return {"x": x, "y": rng.random(out_shape, dtype=np.float32)}
+        return {"x": x, "y": rng.integers(0, 10, size=x_shape[0])}
 
     def twin(device: str) -> tuple[Any, Callable[[], Any]]:
         import torch
 
-        model = torch.nn.Sequential(*_vgg_layers(torch.nn, widths, fc)).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        model = torch.nn.Sequential(*layers(torch.nn)).to(device)
+        opt = make_opt(torch.optim, model.parameters())
         d = data()
-        x, y = torch.tensor(d["x"], device=device), torch.tensor(d["y"], dtype=torch.long, device=device)
+        x = torch.tensor(d["x"], device=device)
+        y = torch.tensor(d["y"], device=device)
+        if target != "heatmaps":
+            y = y.long()
+        lossf = torch.nn.functional.mse_loss if target == "heatmaps" else torch.nn.functional.cross_entropy
 
         def step() -> Any:
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss = lossf(model(x), y)
             loss.backward()
             opt.step()
             return loss
 
         return model, step
 
+    return Realistic(name, description, make, data, twin)
+
+
+def _vgg(name: str, batch: int, widths: tuple[int, int], fc: int) -> Realistic:
     a, b = widths
     desc = f"VGG-style 3x32x32 (conv {a},{a},pool,{b},{b},pool, fc {fc}) b{batch}, SGD momentum"
-    return Realistic(name, desc, make, data, twin)
+    return _supervised(name, desc, lambda lib: _vgg_layers(lib, widths, fc), (batch, 3, 32, 32), "sgd")
 
 
-WORKLOADS = {
-    w.name: w
-    for w in (
-        _gpt("gpt_small", 32, 64, 128, 4, 2),
-        _gpt("gpt_medium", 32, 128, 256, 4, 4),
-        _vgg("vgg", 32, (32, 64), 256),
-        _vgg("vgg_wide", 64, (64, 128), 256),
-    )
+# name -> (builder of the workload at a batch size, its batch size in the table)
+BUILDERS: dict[str, tuple[Callable[[int], Realistic], int]] = {
+    "gpt_small": (lambda b: _gpt("gpt_small", b, 64, 128, 4, 2), 32),
+    "gpt_medium": (lambda b: _gpt("gpt_medium", b, 128, 256, 4, 4), 32),
+    "vgg": (lambda b: _vgg("vgg", b, (32, 64), 256), 32),
+    "vgg_wide": (lambda b: _vgg("vgg_wide", b, (64, 128), 256), 64),
+    "resnet": (
+        lambda b: _supervised(
+            "resnet",
+            f"ResNet-style 3x32x32 (2 blocks at 32, 2 at 64, BatchNorm) b{b}, Adam",
+            _resnet_layers,
+            (b, 3, 32, 32),
+            "adam",
+        ),
+        32,
+    ),
+    "mobilenet": (
+        lambda b: _supervised(
+            "mobilenet",
+            f"MobileNet-style 3x32x32 (depthwise-separable 32-64-128-128-256, BatchNorm) b{b}, Adam",
+            _mobilenet_layers,
+            (b, 3, 32, 32),
+            "adam",
+        ),
+        32,
+    ),
+    "lstm": (
+        lambda b: _supervised(
+            "lstm",
+            f"LSTM(64 -> 256) over 32 steps, last output, Linear 256-10, b{b}, Adam",
+            _Recurrent.layers,
+            (b, 32, 64),
+            "adam",
+        ),
+        32,
+    ),
+    "hourglass": (
+        lambda b: _supervised(
+            "hourglass",
+            f"hourglass 3x96x128 -> 16 heat maps (ConvTranspose2d, BatchNorm) b{b}, Adam, MSE",
+            _hourglass_layers,
+            (b, 3, 96, 128),
+            "adam",
+            target="heatmaps",
+        ),
+        8,
+    ),
 }
+
+
+def workload(name: str, batch: int | None = None) -> Realistic:
+    """The workload `name` at `batch` (its table batch size when None)."""
+    build, default = BUILDERS[name]
+    return build(default if batch is None else batch)
+
+
+WORKLOADS = {name: workload(name) for name in BUILDERS}
 
 
 def fma_ceiling(ctx: Any) -> float:

@@ -136,6 +136,26 @@ def o_one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return out
 
 
+def o_floor(a: np.ndarray) -> np.ndarray:
+    return np.vectorize(lambda v: float(math.floor(v)))(a).astype(a.dtype)
+
+
+def o_affine_gather(x: np.ndarray, m: np.ndarray, size: Any, fill: float) -> np.ndarray:
+    """Per output pixel, Python integer arithmetic: the source pixel the floored map sends its
+    centre (2j + 1 - OW, 2i + 1 - OH half pixels from the centre) to, or `fill` outside."""
+    n, c, h, w = x.shape
+    oh, ow = size
+    out = np.zeros((n, c, oh, ow), x.dtype)
+    for b, i, j in itertools.product(range(n), range(oh), range(ow)):
+        k = [math.floor(v) for v in m[b]]
+        p, q = 2 * j + 1 - ow, 2 * i + 1 - oh
+        sx = (k[0] * p + k[1] * q + k[2]) // max(k[3], 1)
+        sy = (k[4] * p + k[5] * q + k[6]) // max(k[7], 1)
+        for ch in range(c):
+            out[b, ch, i, j] = x[b, ch, sy, sx] if 0 <= sx < w and 0 <= sy < h else fill
+    return out
+
+
 def o_hash_uniform(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The counter hash in Python integers: absorb floor(b), floor(a), then the element index,
     each word added modulo 2^24 and followed by three rounds of h(2h+1), an odd multiplier and
@@ -172,33 +192,40 @@ def window(
     return found
 
 
-def o_conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any) -> np.ndarray:
-    n, c, hh, ww = x.shape
-    o, _, kh, kw = w.shape
+def o_conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, groups: int = 1) -> np.ndarray:
+    n, _, hh, ww = x.shape
+    o, cg, kh, kw = w.shape
     out = np.zeros((n, o, out_len(hh, kh, stride[0], padding[0]), out_len(ww, kw, stride[1], padding[1])))
     for b, f, oh, ow in each(out.shape):
+        first = f // (o // groups) * cg  # the first input channel of output channel f's group
         for i, j, h, v in window(oh, ow, (kh, kw), stride, padding, (hh, ww)):
-            out[b, f, oh, ow] += sum(x[b, ch, h, v] * w[f, ch, i, j] for ch in range(c))
+            out[b, f, oh, ow] += sum(x[b, first + ch, h, v] * w[f, ch, i, j] for ch in range(cg))
     return out
 
 
-def o_conv2d_input_grad(g: np.ndarray, w: np.ndarray, stride: Any, padding: Any, input_hw: Any) -> np.ndarray:
-    out = np.zeros((g.shape[0], w.shape[1], *input_hw))
+def o_conv2d_input_grad(
+    g: np.ndarray, w: np.ndarray, stride: Any, padding: Any, input_hw: Any, groups: int = 1
+) -> np.ndarray:
+    o, cg = w.shape[:2]
+    out = np.zeros((g.shape[0], cg * groups, *input_hw))
     for b, f, oh, ow in each(g.shape):
+        first = f // (o // groups) * cg
         for i, j, h, v in window(oh, ow, w.shape[2:], stride, padding, input_hw):
-            for ch in range(w.shape[1]):
-                out[b, ch, h, v] += g[b, f, oh, ow] * w[f, ch, i, j]
+            for ch in range(cg):
+                out[b, first + ch, h, v] += g[b, f, oh, ow] * w[f, ch, i, j]
     return out
 
 
 def o_conv2d_weight_grad(
-    x: np.ndarray, g: np.ndarray, stride: Any, padding: Any, kernel_hw: Any
+    x: np.ndarray, g: np.ndarray, stride: Any, padding: Any, kernel_hw: Any, groups: int = 1
 ) -> np.ndarray:
-    out = np.zeros((g.shape[1], x.shape[1], *kernel_hw))
+    o, cg = g.shape[1], x.shape[1] // groups
+    out = np.zeros((o, cg, *kernel_hw))
     for b, f, oh, ow in each(g.shape):
+        first = f // (o // groups) * cg
         for i, j, h, v in window(oh, ow, kernel_hw, stride, padding, x.shape[2:]):
-            for ch in range(x.shape[1]):
-                out[f, ch, i, j] += x[b, ch, h, v] * g[b, f, oh, ow]
+            for ch in range(cg):
+                out[f, ch, i, j] += x[b, first + ch, h, v] * g[b, f, oh, ow]
     return out
 
 
@@ -250,6 +277,8 @@ def o_avg_pool2d_grad(g: np.ndarray, kernel: Any, stride: Any, padding: Any, inp
 
 ORACLES: dict[str, Callable[..., np.ndarray]] = {
     "hash_uniform": o_hash_uniform,
+    "floor": o_floor,
+    "affine_gather": o_affine_gather,
     "erf": per_element(math.erf),
     "neg": per_element(lambda a: -a),
     "exp": per_element(math.exp),

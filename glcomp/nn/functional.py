@@ -528,15 +528,9 @@ def _group_checks(what: str, x: Tensor, weight: Tensor, groups: int, transposed:
         )
 
 
-def _per_group(x: Tensor, weight: Tensor, groups: int, run: Any) -> Tensor:
-    """`run(x_g, w_g)` over each group's channels of x and rows of weight, concatenated."""
-    if groups == 1:
-        return run(x, weight)
-    from glcomp.ir.tensor import cat
-
-    cx, cw = x.shape[1] // groups, weight.shape[0] // groups
-    outs = [run(x[:, g * cx : (g + 1) * cx], weight[g * cw : (g + 1) * cw]) for g in range(groups)]
-    return cat(outs, 1)
+def _group_attrs(groups: int) -> dict[str, int]:
+    """The primitives' ``groups`` attribute: absent for an ungrouped convolution."""
+    return {"groups": groups} if groups != 1 else {}
 
 
 def _same_padding(kernel: tuple[int, int], dilation: tuple[int, int]) -> tuple[tuple[int, int], list[int]]:
@@ -556,7 +550,8 @@ def conv2d(
     groups: int = 1,
 ) -> Tensor:
     """torch's conv2d (NCHW input, (O, C / groups, KH, KW) weight). Dilation spreads the kernel
-    with zeros (movement ops); groups run one convolution per channel group and concatenate.
+    with zeros (movement ops); a grouped (or depthwise) convolution is one primitive over every
+    group.
     ``padding`` may be ints, "valid" or "same" (stride 1; the odd extra row/column goes at the
     bottom/right as in torch)."""
     _group_checks("conv2d", x, weight, groups, False)
@@ -572,11 +567,7 @@ def conv2d(
             x = pad(x, extra)
     padding = _positive_pair("conv2d", "padding", padding, 0)
     w = _dilate_kernel(weight, dilation)
-
-    def run(xg: Tensor, wg: Tensor) -> Tensor:
-        return prim("conv2d", xg, wg, stride=stride, padding=padding)
-
-    out = _per_group(x, w, groups, run)
+    out = prim("conv2d", x, w, stride=stride, padding=padding, **_group_attrs(groups))
     if bias is not None:
         out = out + bias.reshape(1, -1, 1, 1)
     return out
@@ -614,18 +605,15 @@ def conv_transpose2d(
     if min(size) < 1:
         raise _fail(f"{what}: input {x.shape} gives an empty output {size} with padding {padding}")
     direct = all(op < s for op, s in zip(output_padding, stride, strict=True))
-
-    def run(xg: Tensor, wg: Tensor) -> Tensor:
-        if direct:  # the adjoint of a conv2d over an input of `size` (output_padding < stride)
-            return prim("conv2d_input_grad", xg, wg, stride=stride, padding=padding, input_hw=size)
-        # Otherwise scatter onto the whole unpadded extent, then crop (and zero-extend) to `size`.
-        y = prim("conv2d_input_grad", xg, wg, stride=stride, padding=(0, 0), input_hw=full)
+    kw = _group_attrs(groups)
+    if direct:  # the adjoint of a conv2d over an input of `size` (output_padding < stride)
+        out = prim("conv2d_input_grad", x, w, stride=stride, padding=padding, input_hw=size, **kw)
+    else:  # scatter onto the whole unpadded extent, then crop (and zero-extend) to `size`
+        out = prim("conv2d_input_grad", x, w, stride=stride, padding=(0, 0), input_hw=full, **kw)
         for axis, (p, n, f) in enumerate(zip(padding, size, full, strict=True)):
-            y = slice_axis(y, axis + 2, p, min(p + n, f))
+            out = slice_axis(out, axis + 2, p, min(p + n, f))
         grow = [0, max(0, padding[1] + size[1] - full[1]), 0, max(0, padding[0] + size[0] - full[0])]
-        return pad(y, grow) if any(grow) else y
-
-    out = _per_group(x, w, groups, run)
+        out = pad(out, grow) if any(grow) else out
     if bias is not None:
         out = out + bias.reshape(1, -1, 1, 1)
     return out

@@ -36,13 +36,20 @@ def window_spec(attrs: dict[str, Any]) -> dict[str, Any]:
     return {"SH": stride[0], "SW": stride[1], "PH": pad[0], "PW": pad[1]}
 
 
+def group_spec(attrs: dict[str, Any], channels_in: int, channels_out: int) -> dict[str, Any]:
+    """Grouped convolutions: `G` groups, `CG` input and `OG` output channels per group (the
+    templates offset the channel they read by the group's first channel when G > 1)."""
+    groups = attrs.get("groups", 1)
+    return {"G": groups, "CG": channels_in // groups, "OG": channels_out // groups}
+
+
 # -- conv2d ----------------------------------------------------------------------------------------
 def conv2d_root(r: RenderContext, n: int) -> dict[str, Any]:
     g = r.graph
     ins = g.operands(n)
     x, w = (g.shape(i) for i in ins)
-    spec = window_spec(g.attrs(n))
-    spec |= {"C": x[1], "H": x[2], "W": x[3], "KH": w[2], "KW": w[3]}
+    spec = window_spec(g.attrs(n)) | group_spec(g.attrs(n), x[1], w[0])
+    spec |= {"C": w[1], "CX": x[1], "H": x[2], "W": x[3], "KH": w[2], "KW": w[3]}
     return spec | {"x": r.fn(ins[0]), "w": r.fn(ins[1])}
 
 
@@ -59,8 +66,8 @@ def input_grad_root(r: RenderContext, n: int) -> dict[str, Any]:
     g = r.graph
     ins = g.operands(n)
     gs, w = (g.shape(i) for i in ins)
-    spec = window_spec(g.attrs(n))
-    spec |= {"O": gs[1], "OH": gs[2], "OW": gs[3], "KH": w[2], "KW": w[3]}
+    spec = window_spec(g.attrs(n)) | group_spec(g.attrs(n), g.shape(n)[1], gs[1])
+    spec |= {"O": w[0] // spec["G"], "OX": gs[1], "OH": gs[2], "OW": gs[3], "KH": w[2], "KW": w[3]}
     return spec | {"g": r.fn(ins[0]), "w": r.fn(ins[1])}
 
 
@@ -73,7 +80,8 @@ def input_grad_root4(r: RenderContext, n: int) -> ConvTexel | None:
         return None
     dmin, dmax = (pw - kw + 1) // 4, (pw + 3) // 4  # texels of g's row around column x0 // 4
     head = r.root4_head(n)
-    return ConvTexel(**head, g_tex=g_tex, w_tex=r.texture(w), C=g.shape(n)[1], dmin=dmin, D=dmax - dmin + 1)
+    cg = g.shape(w)[1]  # the input channels of one group (all of them when not grouped)
+    return ConvTexel(**head, g_tex=g_tex, w_tex=r.texture(w), C=cg, dmin=dmin, D=dmax - dmin + 1)
 
 
 # -- conv2d_weight_grad: adjoint in w --------------------------------------------------------------
@@ -81,7 +89,7 @@ def weight_grad_root(r: RenderContext, n: int) -> dict[str, Any]:
     g = r.graph
     ins = g.operands(n)
     x, gs = (g.shape(i) for i in ins)
-    spec = window_spec(g.attrs(n))
+    spec = window_spec(g.attrs(n)) | group_spec(g.attrs(n), x[1], gs[1])
     spec |= {"N": x[0], "H": x[2], "W": x[3], "OH": gs[2], "OW": gs[3]}
     return spec | {"x": r.fn(ins[0]), "g": r.fn(ins[1])}
 
@@ -133,6 +141,12 @@ def _extent(*axes: tuple[int, int]) -> Any:
     return extent
 
 
+def _input_grad_extent(shapes: Shapes, attrs: dict[str, Any]) -> int:
+    """The input gradient's loop: the output channels of one group times the window."""
+    w = shapes[1]
+    return w[0] // attrs.get("groups", 1) * w[2] * w[3]
+
+
 register(
     Lowering(
         "conv2d",
@@ -146,7 +160,7 @@ register(
     Lowering(
         "conv2d_input_grad",
         "conv2d_input_grad",
-        loop_extent=_extent((0, 1), (1, 2), (1, 3)),
+        loop_extent=_input_grad_extent,
         root=input_grad_root,
         root4=input_grad_root4,
     )

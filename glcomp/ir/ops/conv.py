@@ -1,7 +1,11 @@
-"""2-D convolution (NCHW, OIHW weights) and its two adjoints.
+"""2-D convolution (NCHW, OIHW weights) and its two adjoints, grouped or not.
 
 conv2d, conv2d_input_grad and conv2d_weight_grad are each linear in both operands, and the
 gradient of each is written with the other two, so the family is closed under differentiation.
+
+``groups`` (an attribute, 1 when absent) splits the channels into G groups: output channel o reads
+the C / G input channels of its group o // (O / G) only, and the weight is (O, C / G, KH, KW), as in
+torch. A depthwise convolution is groups = C: one primitive (one kernel) for every group.
 """
 
 from __future__ import annotations
@@ -48,43 +52,65 @@ def scatter_windows(cols: np.ndarray, hw, stride, padding) -> np.ndarray:
     return out[:, :, ph : ph + hw[0], pw : pw + hw[1]]
 
 
+def _groups(groups: int, *channels: int) -> int:
+    if not isinstance(groups, int) or groups < 1 or any(c % groups for c in channels):
+        raise GlcompError(f"groups={groups!r} does not divide the channel counts {channels}")
+    return groups
+
+
+def _group_kw(groups: int) -> dict[str, int]:
+    """The ``groups`` attribute of a derived primitive: absent when 1 (the ungrouped form)."""
+    return {"groups": groups} if groups != 1 else {}
+
+
+def grouped(a: np.ndarray, axis: int, groups: int) -> np.ndarray:
+    """`a` with its `axis` split into (groups, size / groups)."""
+    shape = a.shape
+    return a.reshape(*shape[:axis], groups, shape[axis] // groups, *shape[axis + 1 :])
+
+
 # -- conv2d ----------------------------------------------------------------------------------------
-def conv2d_shape(x, w, stride, padding):
+def conv2d_shape(x, w, stride, padding, groups=1):
     if len(x) != 4:
         raise GlcompError(f"conv2d expects input of shape (N, C, H, W), got {x}")
-    if len(w) != 4 or w[1] != x[1]:
-        raise GlcompError(f"conv2d weight {w} does not match input {x} (channels {x[1]})")
+    if len(w) != 4 or w[1] * _groups(groups, x[1], w[0]) != x[1]:
+        raise GlcompError(f"conv2d weight {w} does not match input {x} (channels {x[1]}, groups {groups})")
     oh, ow = conv_out_hw(x[2:], w[2:], stride, padding)
     return (x[0], w[0], oh, ow)
 
 
-def conv2d_ref(x, w, stride, padding):
-    cols = windows(x, w.shape[2:], stride, padding)
-    return np.einsum("nchwij,ocij->nohw", cols, w).astype(x.dtype)
+def conv2d_ref(x, w, stride, padding, groups=1):
+    cols = grouped(windows(x, w.shape[2:], stride, padding), 1, groups)  # n g c h w i j
+    out = np.einsum("ngchwij,gocij->ngohw", cols, grouped(w, 0, groups))
+    return out.reshape(out.shape[0], -1, *out.shape[3:]).astype(x.dtype)
 
 
-def conv2d_grad(g, out, x, w, stride, padding):
+def conv2d_grad(g, out, x, w, stride, padding, groups=1):
     from glcomp.ir.tensor import prim
 
-    gx = prim("conv2d_input_grad", g, w, stride=stride, padding=padding, input_hw=x.shape[2:])
-    gw = prim("conv2d_weight_grad", x, g, stride=stride, padding=padding, kernel_hw=w.shape[2:])
+    kw = _group_kw(groups)
+    gx = prim("conv2d_input_grad", g, w, stride=stride, padding=padding, input_hw=x.shape[2:], **kw)
+    gw = prim("conv2d_weight_grad", x, g, stride=stride, padding=padding, kernel_hw=w.shape[2:], **kw)
     return gx, gw
 
 
 def _conv_case(draw):
-    n, c, o = (draw(st().integers(1, 3)) for _ in range(3))
+    groups = draw(st().sampled_from([1, 1, 2, 3]))
+    n = draw(st().integers(1, 3))
+    c, o = (groups * draw(st().integers(1, 2)) for _ in range(2))
     kh, kw = draw(st().integers(1, 3)), draw(st().integers(1, 3))
     stride = (draw(st().integers(1, 2)), draw(st().integers(1, 2)))
     padding = (draw(st().integers(0, 1)), draw(st().integers(0, 1)))
     h = draw(st().integers(max(1, kh - 2 * padding[0]), 6))
     w = draw(st().integers(max(1, kw - 2 * padding[1]), 6))
     oh, ow = conv_out_hw((h, w), (kh, kw), stride, padding)
-    return (n, c, h, w), (o, c, kh, kw), (n, o, oh, ow), stride, padding
+    attrs = {"stride": stride, "padding": padding, "groups": groups}
+    return (n, c, h, w), (o, c // groups, kh, kw), (n, o, oh, ow), attrs
 
 
 def sample_conv2d(draw):
-    x, w, _, stride, padding = _conv_case(draw)
-    return [x, w], {"stride": stride, "padding": padding}
+    x, w, _, attrs = _conv_case(draw)
+    return [x, w], attrs
 
 
 register(
@@ -96,37 +122,39 @@ register(
         conv2d_grad,
         2,
         sample=sample_conv2d,
-        attrs=("stride", "padding"),
+        attrs=("stride", "padding", "groups"),
         rereads=True,
     )
 )
 
 
 # -- conv2d_input_grad: adjoint in x ---------------------------------------------------------------
-def input_grad_shape(g, w, stride, padding, input_hw):
-    if len(g) != 4 or len(w) != 4 or g[1] != w[0]:
-        raise GlcompError(f"conv2d_input_grad: gradient {g} does not match weight {w}")
+def input_grad_shape(g, w, stride, padding, input_hw, groups=1):
+    if len(g) != 4 or len(w) != 4 or g[1] != w[0] or w[0] % _groups(groups, w[0]):
+        raise GlcompError(f"conv2d_input_grad: gradient {g} does not match weight {w} (groups {groups})")
     if conv_out_hw(input_hw, w[2:], stride, padding) != tuple(g[2:]):
         raise GlcompError(f"conv2d_input_grad: gradient {g} does not match input size {input_hw}")
-    return (g[0], w[1], *input_hw)
+    return (g[0], w[1] * groups, *input_hw)
 
 
-def input_grad_ref(g, w, stride, padding, input_hw):
-    cols = np.einsum("nohw,ocij->nchwij", g, w)
+def input_grad_ref(g, w, stride, padding, input_hw, groups=1):
+    cols = np.einsum("ngohw,gocij->ngchwij", grouped(g, 1, groups), grouped(w, 0, groups))
+    cols = cols.reshape(cols.shape[0], -1, *cols.shape[3:])
     return scatter_windows(cols, input_hw, stride, padding).astype(g.dtype)
 
 
-def input_grad_grad(u, out, g, w, stride, padding, input_hw):
+def input_grad_grad(u, out, g, w, stride, padding, input_hw, groups=1):
     from glcomp.ir.tensor import prim
 
-    gg = prim("conv2d", u, w, stride=stride, padding=padding)
-    gw = prim("conv2d_weight_grad", u, g, stride=stride, padding=padding, kernel_hw=w.shape[2:])
+    kw = _group_kw(groups)
+    gg = prim("conv2d", u, w, stride=stride, padding=padding, **kw)
+    gw = prim("conv2d_weight_grad", u, g, stride=stride, padding=padding, kernel_hw=w.shape[2:], **kw)
     return gg, gw
 
 
 def sample_input_grad(draw):
-    x, w, y, stride, padding = _conv_case(draw)
-    return [y, w], {"stride": stride, "padding": padding, "input_hw": x[2:]}
+    x, w, y, attrs = _conv_case(draw)
+    return [y, w], attrs | {"input_hw": x[2:]}
 
 
 register(
@@ -138,37 +166,40 @@ register(
         input_grad_grad,
         2,
         sample=sample_input_grad,
-        attrs=("stride", "padding", "input_hw"),
+        attrs=("stride", "padding", "input_hw", "groups"),
         rereads=True,
     )
 )
 
 
 # -- conv2d_weight_grad: adjoint in w --------------------------------------------------------------
-def weight_grad_shape(x, g, stride, padding, kernel_hw):
+def weight_grad_shape(x, g, stride, padding, kernel_hw, groups=1):
     if len(x) != 4 or len(g) != 4 or x[0] != g[0]:
         raise GlcompError(f"conv2d_weight_grad: input {x} does not match gradient {g}")
+    _groups(groups, x[1], g[1])
     if conv_out_hw(x[2:], kernel_hw, stride, padding) != tuple(g[2:]):
         raise GlcompError(f"conv2d_weight_grad: gradient {g} does not match input {x}")
-    return (g[1], x[1], *kernel_hw)
+    return (g[1], x[1] // groups, *kernel_hw)
 
 
-def weight_grad_ref(x, g, stride, padding, kernel_hw):
-    cols = windows(x, kernel_hw, stride, padding)
-    return np.einsum("nchwij,nohw->ocij", cols, g).astype(x.dtype)
+def weight_grad_ref(x, g, stride, padding, kernel_hw, groups=1):
+    cols = grouped(windows(x, kernel_hw, stride, padding), 1, groups)
+    out = np.einsum("ngchwij,ngohw->gocij", cols, grouped(g, 1, groups))
+    return out.reshape(-1, *out.shape[2:]).astype(x.dtype)
 
 
-def weight_grad_grad(u, out, x, g, stride, padding, kernel_hw):
+def weight_grad_grad(u, out, x, g, stride, padding, kernel_hw, groups=1):
     from glcomp.ir.tensor import prim
 
-    gx = prim("conv2d_input_grad", g, u, stride=stride, padding=padding, input_hw=x.shape[2:])
-    gg = prim("conv2d", x, u, stride=stride, padding=padding)
+    kw = _group_kw(groups)
+    gx = prim("conv2d_input_grad", g, u, stride=stride, padding=padding, input_hw=x.shape[2:], **kw)
+    gg = prim("conv2d", x, u, stride=stride, padding=padding, **kw)
     return gx, gg
 
 
 def sample_weight_grad(draw):
-    x, w, y, stride, padding = _conv_case(draw)
-    return [x, y], {"stride": stride, "padding": padding, "kernel_hw": w[2:]}
+    x, w, y, attrs = _conv_case(draw)
+    return [x, y], attrs | {"kernel_hw": w[2:]}
 
 
 register(
@@ -180,7 +211,7 @@ register(
         weight_grad_grad,
         2,
         sample=sample_weight_grad,
-        attrs=("stride", "padding", "kernel_hw"),
+        attrs=("stride", "padding", "kernel_hw", "groups"),
         rereads=True,
     )
 )
