@@ -195,6 +195,11 @@ class OnnxModule(Module):
             taken.add(key)
             self._state[name] = key
         self._outputs = [v.name for v in graph.output]
+        self._types = _value_types(model)
+
+    def _integer(self, name: str) -> bool:
+        """Whether ONNX types value `name` as an integer (its arithmetic then rounds as ONNX's)."""
+        return self._types.get(name, 1) in _INTEGER_TYPES
 
     def forward(self, **inputs: Any) -> Any:
         unknown = sorted(set(inputs) - set(self.input_names))
@@ -252,13 +257,19 @@ class OnnxModule(Module):
             outs.append(value)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    @property
+    def onnx_inputs(self) -> dict[str, str]:
+        """Each graph input's ONNX name -> its forward() argument name (constants excluded)."""
+        return dict(self._inputs)
+
     def extra_repr(self) -> str:
         return f"{self._source!r}, {len(self._nodes)} nodes, inputs {self.input_names}"
 
 
 # -- loading ---------------------------------------------------------------------------------------
-def load(path: str | os.PathLike[str], constants: Mapping[str, Any] | None = None) -> OnnxModule:
-    """Load an ONNX file as a trainable glcomp Module (see the module docstring for the mapping).
+def load(path: str | os.PathLike[str] | Any, constants: Mapping[str, Any] | None = None) -> OnnxModule:
+    """Load an ONNX file (or an in-memory ``onnx.ModelProto``) as a trainable glcomp Module (see
+    the module docstring for the mapping).
 
     `constants` binds graph inputs (by ONNX name) to fixed values: they become compile-time
     constants and leave ``input_names``. Shapes are static in a glcomp program, so an input that
@@ -275,6 +286,8 @@ def load(path: str | os.PathLike[str], constants: Mapping[str, Any] | None = Non
         raise GlcompError(_INSTALL_HINT) from None
     from onnx import external_data_helper
 
+    if isinstance(path, onnx.ModelProto):
+        return _load_proto(path, constants)
     source = os.fspath(path)
     file = Path(source)
     if not file.is_file():
@@ -315,7 +328,37 @@ def load(path: str | os.PathLike[str], constants: Mapping[str, Any] | None = Non
     return OnnxModule(model, source, constants)
 
 
-_NUMPY_TYPES = {1: np.float32, 6: np.int32, 7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64}
+def _load_proto(model: Any, constants: Mapping[str, Any] | None) -> OnnxModule:
+    """`load` for a ModelProto held in memory (no external data: its tensors must be inline)."""
+    import onnx
+    from onnx import external_data_helper
+
+    source = f"ONNX model {model.graph.name or '(unnamed)'!r}"
+    if any(t.data_location == 1 for t in external_data_helper._get_all_tensors(model)):
+        raise GlcompError(f"{source}: tensors stored as external data need load(path) of the file")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:
+        raise GlcompError(f"{source}: invalid ONNX model: {err}") from None
+    if len(model.graph.output) == 0:
+        raise GlcompError(f"{source}: the ONNX graph has no outputs")
+    return OnnxModule(model, source, constants)
+
+
+_NUMPY_TYPES = {
+    1: np.float32,
+    2: np.uint8,
+    3: np.int8,
+    4: np.uint16,
+    5: np.int16,
+    6: np.int32,
+    7: np.int64,
+    9: np.bool_,
+    10: np.float16,
+    11: np.float64,
+    12: np.uint32,
+    13: np.uint64,
+}
 
 
 def _bound_inputs(
@@ -351,6 +394,25 @@ def _bound_inputs(
             )
         out[name] = array.astype(np.float32) if np.dtype(dtype).kind == "f" else array
     return out
+
+
+_INTEGER_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})  # UINT8 INT8 UINT16 INT16 INT32 INT64 UINT32 UINT64
+
+
+def _value_types(model: Any) -> dict[str, int]:
+    """Each value's ONNX element type, as declared or inferred (values ONNX cannot infer are left
+    out, i.e. computed as floats)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        inferred = model.graph
+    types = {t.name: t.data_type for t in inferred.initializer}
+    for value in (*inferred.input, *inferred.value_info, *inferred.output):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+            types[value.name] = value.type.tensor_type.elem_type
+    return types
 
 
 def _initializer_slots(nodes: Sequence[_Node], initializers: set[str]) -> dict[str, set[str]]:
@@ -483,7 +545,13 @@ def _binary(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     a, b = x[0], x[1]
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         return [numeric(np.asarray(a), np.asarray(b))]
-    return [symbolic(*_operands(a, b))]
+    out = symbolic(*_operands(a, b))
+    if node.op == "Div" and m._integer(node.outputs[0]):
+        # Integer division truncates toward zero: round, then step back toward zero where
+        # rounding went away from it (exact for quotients below 2**22).
+        r = _rounded(out)
+        out = where(r.abs() > out.abs(), r - out.sign(), r)
+    return [out]
 
 
 @_op("Pow")
@@ -1100,7 +1168,15 @@ def _batch_norm(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     eps, momentum = float(node.attr("epsilon", 1e-5)), float(node.attr("momentum", 0.9))
     shape = tuple(c if i == 1 else 1 for i in range(t.ndim))
     extra: list[Any] = []
-    if m.training:
+    if not m.training and node.attr("training_mode", 0):
+        # ONNX's training mode outside a train step (predict): batch statistics, and the running
+        # statistics averaged with the biased batch variance as ONNX's reference does.
+        axes = tuple(i for i in range(t.ndim) if i != 1)
+        y, batch_mean, batch_var = F.batch_norm_train(t, axes, eps)
+        new_mean = mean * momentum + reshape(batch_mean, (c,)) * (1 - momentum)
+        new_var = var * momentum + reshape(batch_var, (c,)) * (1 - momentum)
+        extra = [new_mean, new_var]
+    elif m.training:
         axes = tuple(i for i in range(t.ndim) if i != 1)
         y, batch_mean, batch_var = F.batch_norm_train(t, axes, eps)
         n = math.prod(t.shape[i] for i in axes)
@@ -1126,11 +1202,16 @@ def _layer_norm(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     shape = t.shape[axis:]
     scale = _tensor(x[1], t.graph) if len(x) > 1 and x[1] is not None else None
     bias = _tensor(x[2], t.graph) if len(x) > 2 and x[2] is not None else None
-    y = F.layer_norm(t, shape, scale, bias, float(node.attr("epsilon", 1e-5)))
-    return [
-        y,
-        *[_Unsupported(f"the {w} output of LayerNormalization {node.name!r}") for w in ("Mean", "InvStdDev")],
-    ]
+    eps = float(node.attr("epsilon", 1e-5))
+    y = F.layer_norm(t, shape, scale, bias, eps)
+    if len(node.outputs) == 1 or not any(node.outputs[1:]):
+        return [y]
+    # The optional Mean and InvStdDev outputs, over the normalized axes kept as size 1.
+    axes = tuple(range(axis, t.ndim))
+    mean = t.mean(axes, keepdim=True)
+    centered = t - mean
+    inv_std = 1.0 / ((centered * centered).mean(axes, keepdim=True) + eps).sqrt()
+    return [y, mean, inv_std]
 
 
 @_op("InstanceNormalization")
