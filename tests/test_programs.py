@@ -240,13 +240,19 @@ def _merge_origins_by_lines(shared: str, source: str) -> str:
     new = [line for line in new if line not in {lines[k] for k in have}]
     if not new:
         return shared
-    at = have[-1] + 1 if have else 0
+    # no origins yet: after the opening preprocessor lines (#version must stay the first line)
+    opening = next((k for k, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    at = have[-1] + 1 if have else opening
     return "\n".join(lines[:at] + new + lines[at:])
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(st.sampled_from(["// from a", "// from b (X)", "x = 1;", "", "// note", "//from c"])),
+    st.lists(
+        st.sampled_from(
+            ["#version 300 es", "// from a", "// from b (X)", "x = 1;", "", "// note", "//from c"]
+        ),
+    ),
     st.lists(st.sampled_from(["// from a", "// from c", "// from b (X)", "y;", "", "// from d\r"])),
 )
 def test_merge_origins_adds_each_new_origin_once_after_the_last(shared: list[str], source: list[str]) -> None:

@@ -169,14 +169,17 @@ def merge_origins(shared: str, source: str) -> str:
     """`shared` (a program's source) with the origin comments of `source` (another kernel with
     the same `sharing_key`) added after its own, each origin once, in order of first appearance.
 
-    Guarantee: only comment lines change; `sharing_key` of the result is that of both inputs."""
+    Guarantee: only comment lines change, never before the preprocessor lines that open the
+    source; `sharing_key` of the result is that of both inputs."""
     have = _origin_lines(shared)
     known = {shared[a:b] for a, b in have}
     new = [line for line in dict.fromkeys(source[a:b] for a, b in _origin_lines(source)) if line not in known]
     if not new:
         return shared
-    if not have:
-        return "\n".join(new) + "\n" + shared
+    if not have:  # after the #version (and #extension) lines, which must come first
+        lines = shared.split("\n")
+        at = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+        return "\n".join(lines[:at] + new + lines[at:])
     end = have[-1][1]  # the new lines go after the last origin line
     return shared[:end] + "\n" + "\n".join(new) + shared[end:]
 
