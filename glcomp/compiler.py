@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from glcomp.codegen.target import TARGETS
 from glcomp.errors import GlcompError
 from glcomp.ir.gcpause import gc_paused
 from glcomp.ir.graph import Graph, origin
@@ -72,7 +72,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     (see docs/transforms.md).
     """
     _check_arguments(model, inputs, loss, optimizer, target, target_name, clip_grad_value, clip_grad_norm)
-    _check_options(options)
+    compile_options = _check_options(options, target)  # the one parse of the options
     if dump_after is not None:
         from glcomp.codegen.pipeline import check_pass_name
 
@@ -84,11 +84,9 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
         options["transforms"] = input_transforms(transforms, inputs)
     with gc_paused():  # see glcomp.ir.gcpause
         program = _compile(model, inputs, loss, optimizer, target, target_name, target_spec, *clip, options)
+    program = dataclasses.replace(program, typed_options=compile_options)
     if dump_after is not None:
-        from glcomp.codegen.bundle import build_bundle
-
-        program._bundle = build_bundle(program, dump_after=dump_after)
-        program._bundle_key = program._lowering_key()
+        program._lowered(dump_after=dump_after)  # lowered now, printing the plans
     return program
 
 
@@ -303,8 +301,6 @@ def _check_arguments(
         if not isinstance(value, base):
             kind = "glcomp.nn loss module" if what == "loss" else "glcomp.optim optimizer"
             raise GlcompError(f"{what} must be a {kind} such as {example}, got {_what(value)} {value!r:.60}")
-    if not isinstance(target, str) or target not in TARGETS:
-        raise GlcompError(f"unknown target {target!r}; use one of {TARGETS}")
     if not isinstance(target_name, str) or not target_name.isidentifier():
         raise GlcompError(f"target_name must be a name such as 'y', got {target_name!r}")
     for what, value in (("clip_grad_value", clip_value), ("clip_grad_norm", clip_norm)):
@@ -314,15 +310,16 @@ def _check_arguments(
             raise GlcompError(f"{what} applies to the train step: it needs an optimizer")
 
 
-def _check_options(options: dict[str, Any]) -> None:
-    """Target limits, ``passes`` and ``storage`` as the code generator understands them (checked
-    now, not when a GL runtime is first built): glcomp.codegen.options.CompileOptions is the one
-    list of the options, their types and defaults."""
+def _check_options(options: dict[str, Any], target: Any) -> Any:
+    """The target, its limits, ``passes`` and ``storage`` as the code generator understands them,
+    parsed once here (not when a GL runtime is first built) into the typed options the Program
+    keeps: glcomp.codegen.options.CompileOptions is the one list of the options, their types and
+    defaults."""
     from glcomp.codegen.options import CompileOptions
 
     if "target" in options:  # a named argument of compile: never among the extra options
         raise GlcompError("target is given twice")
-    CompileOptions.parse(options)
+    return CompileOptions.parse({**options, "target": target})
 
 
 def _clip(graph: Graph, names: list[str], value: float | None, norm: float | None) -> None:

@@ -1,24 +1,31 @@
-"""A compiled program: the entry-point graphs plus the initial state they run on."""
+"""`Program`: the facade over a compiled program: a frozen IR program (glcomp.ir.program), the
+values of its state, its typed compile options, and the runtimes and bundles made from it.
+
+The code generator never sees a Program: `Program.ir` is the frozen IR program it lowers
+(glcomp.codegen.bundle.lower) with `Program.compile_options`, the options parsed once (by
+`glcomp.compile` at the boundary; a loaded program's when it is first lowered again, which a
+loaded program that runs its own bundle never is). The lowering is cached and shared by copies
+(`with_state`, `dataclasses.replace`); state values are not part of it. Loading a bundle
+(`from_bundle`) imports the bundle format and the IR, no part of the code generator."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import re
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from glcomp.errors import GlcompError
+from glcomp.format.program import PROGRAM_FORMAT, check_program
 from glcomp.ir.graph import Graph
+from glcomp.ir.program import ENTRY_POINTS, InputSpec, IRProgram, StateSpec
 from glcomp.runtime.feeds import check_feeds
 
-ENTRY_POINTS = ("predict", "gradients", "train_step")
-PROGRAM_FORMAT = "glcomp-program"
-_INPUT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # Graph outputs that update a state, by prefix: the role of the state they update.
 _UPDATES = {"param": "param", "buffer": "buffer", "state": "state"}
 # The elements all nodes of one graph of program.json may hold together (the reference
@@ -33,23 +40,30 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-@dataclass(frozen=True)
-class InputSpec:
-    """A tensor the caller feeds: data inputs and the training target."""
+__all__ = ["ENTRY_POINTS", "PROGRAM_FORMAT", "InputSpec", "Program"]  # InputSpec: glcomp.ir.program's
 
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-    num_classes: int | None = None  # class labels must lie in [0, num_classes)
-    image: dict[str, Any] | None = None  # an image input: frames of this size (see glcomp.transforms)
 
-    def to_json(self) -> dict[str, Any]:
-        spec: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
-        if self.num_classes is not None:
-            spec["num_classes"] = self.num_classes
-        if self.image is not None:
-            spec["image"] = dict(self.image)
-        return spec
+class _Lowering:
+    """The cache of one program and its copies: the typed options (parsed once for each value of
+    ``Program.options``) and the lowered bundle (for one lowering key). Pickled without the
+    typed options (a worker parses them again if it lowers)."""
+
+    def __init__(self) -> None:
+        self.options_key: str | None = None
+        self.options: Any = None
+        self.key: Any = None
+        self.bundle: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"key": self.key, "bundle": self.bundle}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.key, self.bundle = state["key"], state["bundle"]
+
+
+def _options_key(options: dict[str, Any]) -> str:
+    return json.dumps(options, sort_keys=True, default=repr)
 
 
 @dataclass
@@ -70,15 +84,45 @@ class Program:
     options: dict[str, Any] = field(default_factory=dict)
     # The glcomp Optimizer compiled in: its set_lr (a scheduler's step) reaches this program's runtimes.
     optimizer: Any = field(default=None, repr=False, compare=False)
+    # `options` already parsed (glcomp.codegen.options.CompileOptions), as glcomp.compile gives them.
+    typed_options: InitVar[Any] = None
+    # The lowering, shared by copies: graphs and options are treated as fixed once compiled (its
+    # key notices replaced graphs or changed options).
+    _cache: _Lowering = field(default_factory=_Lowering, repr=False, compare=False)
+
+    def __post_init__(self, typed_options: Any) -> None:
+        if typed_options is not None:
+            self._cache.options_key, self._cache.options = _options_key(self.options), typed_options
+
+    @property
+    def compile_options(self) -> Any:
+        """The typed compile options (glcomp.codegen.options.CompileOptions) of `options`, parsed
+        once for each value they take; GlcompError naming a bad one."""
+        key = _options_key(self.options)
+        if self._cache.options_key != key or self._cache.options is None:
+            from glcomp.codegen.options import CompileOptions
+
+            self._cache.options, self._cache.options_key = CompileOptions.parse(self.options), key
+        return self._cache.options
+
+    @property
+    def ir(self) -> IRProgram:
+        """The frozen IR program that the code generator lowers: the graphs, input specs, target
+        and the names, roles and shapes of the state (not its values)."""
+        states = {k: StateSpec("param", tuple(np.shape(v))) for k, v in self.params.items()}
+        states |= {k: StateSpec("buffer", tuple(np.shape(v))) for k, v in self.buffers.items()}
+        states |= {k: StateSpec("state", tuple(np.shape(v))) for k, v in self.opt_state.items()}
+        return IRProgram(
+            MappingProxyType(dict(self.graphs)),
+            MappingProxyType(dict(self.inputs)),
+            self.target,
+            MappingProxyType(states),
+            tuple(self.counters),
+        )
 
     def input_specs(self, entry: str) -> dict[str, InputSpec]:
         """What the caller feeds an entry point: data inputs, plus the target when training."""
-        specs = dict(self.inputs)
-        if entry != "predict":
-            if self.target is None:
-                raise GlcompError(f"{entry}: the program was compiled without a loss")
-            specs[self.target.name] = self.target
-        return specs
+        return IRProgram({}, self.inputs, self.target, {}, ()).input_specs(entry)
 
     def feeds(self, entry: str, given: dict[str, Any]) -> dict[str, np.ndarray]:
         """Validate user inputs for an entry point: every name known, none missing, shapes right."""
@@ -92,11 +136,6 @@ class Program:
         return shapes
 
     # -- lowering, runtimes and saving ----------------------------------------------------------
-    # The lowered bundle is cached: graphs and options are treated as fixed once compiled (the
-    # key notices replaced graphs or changed options); state values are not part of it.
-    _bundle: Any = field(default=None, init=False, repr=False, compare=False)
-    _bundle_key: Any = field(default=None, init=False, repr=False, compare=False)
-
     def _lowering_key(self) -> Any:
         return (
             tuple((k, id(g)) for k, g in self.graphs.items()),
@@ -105,14 +144,17 @@ class Program:
             tuple(self.counters),
         )
 
-    def _lowered(self) -> Any:
+    def _lowered(self, dump_after: str | None = None) -> Any:
+        """The lowered bundle (its program.json this program's), cached; `dump_after` (a pass
+        name) lowers again, printing each entry's plan after that pass."""
         key = self._lowering_key()
-        if self._bundle is None or self._bundle_key != key:
-            from glcomp.codegen.bundle import build_bundle
+        if self._cache.bundle is None or self._cache.key != key or dump_after is not None:
+            from glcomp.codegen.bundle import lower
 
-            self._bundle = build_bundle(self)
-            self._bundle_key = key
-        return self._bundle
+            bundle = lower(self.ir, self.compile_options, dump_after=dump_after)
+            self._cache.bundle = dataclasses.replace(bundle, program=self.to_json())
+            self._cache.key = key
+        return self._cache.bundle
 
     def state(self) -> dict[str, np.ndarray]:
         """Every value the program's state holds: parameters, buffers, optimizer state, counters."""
@@ -133,9 +175,7 @@ class Program:
         """A copy of this program starting from other state (same graphs; shares the lowering)."""
         changes: dict[str, Any] = {"params": params, "buffers": buffers, "opt_state": opt_state}
         changes |= {"counters": counters, "lr": lr}
-        new = dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
-        new._bundle, new._bundle_key = self._bundle, self._bundle_key
-        return new
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def runtime(self, kind: str = "reference", **options: Any) -> Any:
         """A runtime for this program, starting from the program's state: ``"reference"``
@@ -241,8 +281,7 @@ class Program:
             program = cls._from_manifest(bundle, roles)
         else:
             program = cls._from_program_json(bundle, data, roles)
-        program._bundle = bundle
-        program._bundle_key = program._lowering_key()
+        program._cache.bundle, program._cache.key = bundle, program._lowering_key()
         return program
 
     @classmethod
@@ -275,7 +314,7 @@ class Program:
 
     @classmethod
     def _from_program_json(cls, bundle: Any, data: dict[str, Any], roles: dict[str, str]) -> Program:
-        from glcomp.ir.graph import DTYPES
+        from glcomp.ir.graph import Graph
 
         where = "bundle program.json"
 
@@ -283,75 +322,18 @@ class Program:
             if not cond:
                 raise GlcompError(f"{where}: {msg}")
 
-        keys = {"format", "version", "graphs", "inputs", "target", "trainable", "order", "options"}
-        need(set(data) == keys, f"must have exactly the keys {sorted(keys)}")
-        need(data["format"] == PROGRAM_FORMAT, f"format must be {PROGRAM_FORMAT!r}")
-        need(data["version"] == 1, f"unknown version {data['version']!r} (supported: 1)")
         m, w = bundle.manifest, bundle.weights
+        check_program(data, m)  # the schema, and the agreement with the manifest
 
-        def spec_of(obj: Any, field: str) -> InputSpec:
-            need(isinstance(obj, dict), f"{field} must be an object")
-            need(set(obj) <= {"name", "shape", "dtype", "num_classes"}, f"{field} has unknown keys")
-            name, shape = obj.get("name"), obj.get("shape")
-            need(isinstance(name, str) and bool(_INPUT_NAME.match(name)), f"{field} has a bad name {name!r}")
-            need(
-                isinstance(shape, list)
-                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape),
-                f"{field} ({name}) has a bad shape {shape!r}",
+        def spec_of(obj: dict[str, Any]) -> InputSpec:
+            return InputSpec(
+                obj["name"], tuple(obj["shape"]), obj["dtype"], obj.get("num_classes"), obj.get("image")
             )
-            need(obj.get("dtype") in DTYPES, f"{field} ({name}) has a bad dtype {obj.get('dtype')!r}")
-            classes = obj.get("num_classes")
-            need(
-                classes is None
-                or (isinstance(classes, int) and not isinstance(classes, bool) and classes > 0),
-                f"{field} ({name}) has a bad num_classes {classes!r}",
-            )
-            spec = InputSpec(name, tuple(shape), obj["dtype"], classes)
-            if name in m["inputs"]:
-                need(
-                    spec.to_json() | {"layout": m["inputs"][name]["layout"]} == m["inputs"][name],
-                    f"{field} ({name}) disagrees with manifest.json",
-                )
-            return spec
 
-        need(isinstance(data["inputs"], list) and data["inputs"], "inputs must be a non-empty list")
-        inputs = {s.name: s for s in (spec_of(o, f"inputs[{i}]") for i, o in enumerate(data["inputs"]))}
-        target = None if data["target"] is None else spec_of(data["target"], "target")
-        order = data["order"]
-        need(
-            isinstance(order, dict) and set(order) == {"params", "buffers", "opt_state", "counters"},
-            "order must name params, buffers, opt_state and counters",
-        )
-        for key, role in (("params", "param"), ("buffers", "buffer"), ("opt_state", "state")):
-            names = order[key]
-            need(
-                isinstance(names, list)
-                and sorted(names, key=str) == sorted(k for k, r in roles.items() if r == role),
-                f"order.{key} does not list the manifest's {role} states",
-            )
-        need(
-            isinstance(order["counters"], list)
-            and sorted(order["counters"], key=str) == sorted(m["counters"]),
-            "order.counters does not list the manifest's counters",
-        )
-        trainable = data["trainable"]
-        need(
-            isinstance(trainable, list)
-            and set(trainable) <= set(order["params"])
-            and len(set(trainable)) == len(trainable),
-            "trainable must list parameters",
-        )
-        options = data["options"]
-        need(isinstance(options, dict), "options must be an object")
-
-        from glcomp.ir.graph import Graph
-
+        inputs = {s.name: s for s in map(spec_of, data["inputs"])}
+        target = None if data["target"] is None else spec_of(data["target"])
+        order, trainable, options = data["order"], data["trainable"], data["options"]
         graphs_data = data["graphs"]
-        need(isinstance(graphs_data, dict), "graphs must be an object")
-        need(
-            set(graphs_data) == set(m["entries"]),
-            f"graphs {sorted(graphs_data)} != the manifest's entries {sorted(m['entries'])}",
-        )
         graphs = {}
         shapes = {k: tuple(np.shape(w[k])) for k in w} | {k: s.shape for k, s in inputs.items()}
         if target is not None:

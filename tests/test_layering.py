@@ -7,14 +7,20 @@ module's layer may use:
 - neutral (errors, state dicts, the bundle format): only other neutral modules;
 - ir (graph, ops, tensors, tracing, passes, the numpy interpreter): neutral and ir;
 - front-end (nn, functions, optim, lr_scheduler, onnx): neutral, ir and the front-end;
-- codegen: neutral, ir, codegen and program (the compiled IR program it lowers);
+- codegen: neutral, ir and codegen (it lowers the frozen IR program, glcomp.ir.program, and
+  never sees the Program facade);
 - runtime (GL and numpy runtimes): neutral and runtime only; they know the manifest, not the IR;
-- top (the package, compiler, program, cli, serve, testing): anything.
+- top (the package, compiler, the Program facade, cli, serve, testing): anything.
+
+And `glcomp.load` stays light: loading a bundle and building its reference runtime imports no
+code-generator module and no Jinja.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +38,8 @@ ALLOWED = {
     "neutral": {"neutral"},
     "ir": {"neutral", "ir"},
     "front-end": {"neutral", "ir", "front-end"},
-    "codegen": {"neutral", "ir", "codegen", "program"},
+    "codegen": {"neutral", "ir", "codegen"},
     "runtime": {"neutral", "runtime"},
-    "program": {"neutral", "ir", "codegen", "runtime", "program"},
 }
 
 # Known exceptions (importer, imported): none. (The GL runtime read the manifest schema from
@@ -52,7 +57,7 @@ def layer_of(module: str) -> str:
         return "neutral"
     if _within(module, FRONT_END):
         return "front-end"
-    for layer in ("ir", "codegen", "runtime", "program"):
+    for layer in ("ir", "codegen", "runtime"):
         if _within(module, (f"glcomp.{layer}",)):
             return layer
     return "top"
@@ -149,3 +154,45 @@ def test_trace_checks_the_model_type_outside_the_tracer() -> None:
     assert graph.shape(graph.outputs["output"]) == (2, 3)
     out = glcomp.compile(model, {"x": (2, 4)}).runtime("reference").predict(x=np.ones((2, 4), np.float32))
     np.testing.assert_allclose(out.sum(1), 1.0, rtol=1e-6)
+
+
+_LOAD = """
+import sys
+import numpy as np
+import glcomp
+program = glcomp.load(sys.argv[1])
+runtime = program.runtime("reference")
+runtime.train_step(x=np.ones((2, 3), np.float32), y=np.array([0, 1]))
+loaded = sorted(m for m in sys.modules if m.startswith("glcomp.codegen") or m.split(".")[0] == "jinja2")
+print(" ".join(loaded) or "-")
+"""
+
+
+def test_load_imports_no_codegen_and_no_jinja(tmp_path: Path) -> None:
+    """In a fresh interpreter: import glcomp, load a saved bundle, build its reference runtime and
+    train a step; no glcomp.codegen module and no jinja2 is imported."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    glcomp.compile(model, {"x": (2, 3)}, loss=nn.CrossEntropyLoss(), optimizer=glcomp.optim.SGD(lr=0.1)).save(
+        tmp_path / "b"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD, str(tmp_path / "b")], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["-"], f"glcomp.load imported: {done.stdout}"
+
+
+def test_codegen_lowers_the_ir_program_not_the_facade() -> None:
+    """codegen's lower takes the frozen IR program and typed options; a Program's lowering is
+    that of its `ir` under its `compile_options` (same manifest and shaders)."""
+    from glcomp.codegen.bundle import build_bundle, lower
+
+    prog = glcomp.compile(nn.Sequential(nn.Linear(4, 3), nn.Tanh()), {"x": (2, 4)}, target="webgl1")
+    ir = prog.ir
+    with pytest.raises((AttributeError, TypeError)):
+        ir.graphs["other"] = ir.graphs["predict"]  # type: ignore[index]
+    lowered, built = lower(ir, prog.compile_options), build_bundle(prog)
+    assert lowered.shaders == built.shaders and lowered.program is None
+    assert lowered.manifest["states"] == built.manifest["states"]
+    assert prog.compile_options is prog.compile_options  # parsed once
+    assert prog.compile_options.target == "webgl1"

@@ -1,6 +1,9 @@
-"""Lowering a program to a bundle: each entry point through the passes of
-glcomp.codegen.pipeline.PIPELINE (layout, kernel plan, GLSL, memory plan, schedule) into a
-manifest and its shaders.
+"""Lowering a program to a bundle: `lower(ir_program, options)` takes each entry point of a frozen
+IR program (glcomp.ir.program.IRProgram) through the passes of glcomp.codegen.pipeline.PIPELINE
+(layout, kernel plan, GLSL, memory plan, schedule) into a manifest and its shaders, under typed
+compile options (glcomp.codegen.options.CompileOptions) parsed by the caller. Codegen never sees
+a glcomp.Program: `build_bundle(program)` is `lower(program.ir, program.compile_options)` with
+the program's state and program.json, for callers that hold one.
 
 The bundle format itself (`Bundle`, its name and version, reading, writing and validation) lives
 in glcomp.format; `Bundle` and `load_bundle` are re-exported here for callers that import them
@@ -9,7 +12,8 @@ from this module. Nothing in a bundle is ever executed as Python.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,7 +25,7 @@ from glcomp.codegen.options import OFF_BY_DEFAULT as OPTION_OFF_BY_DEFAULT
 from glcomp.codegen.options import PASSES as OPTION_PASSES
 from glcomp.codegen.options import STORAGE, CompileOptions
 from glcomp.codegen.passes.memplan import Pool
-from glcomp.codegen.pipeline import check_pass_name, run_pipeline
+from glcomp.codegen.pipeline import run_pipeline
 from glcomp.codegen.programs import merge_origins
 from glcomp.codegen.render import KernelRenderer, vertex_shader
 from glcomp.codegen.render_cache import Lowered, RenderCache
@@ -31,23 +35,41 @@ from glcomp.format.bundle import FORMAT, VERSION, Bundle, load_bundle
 from glcomp.format.manifest import shader_path
 from glcomp.format.shaders import shader_loop_bound
 from glcomp.ir.gcpause import gc_paused
-from glcomp.program import ENTRY_POINTS, Program
+from glcomp.ir.program import ENTRY_POINTS, IRProgram
 
 # The switchable passes and their defaults live with the typed options (one source); kept here
 # under their old names for callers that list them.
 PASSES = OPTION_PASSES
 OFF_BY_DEFAULT = set(OPTION_OFF_BY_DEFAULT)
-__all__ = ["OFF_BY_DEFAULT", "PASSES", "STORAGE", "Bundle", "build_bundle", "load_bundle"]
+__all__ = ["OFF_BY_DEFAULT", "PASSES", "STORAGE", "Bundle", "build_bundle", "load_bundle", "lower"]
 
 
-def options_of(program: Program) -> CompileOptions:
+class Lowerable(Protocol):
+    """What `build_bundle` and `entry_plan` take besides an IRProgram: a glcomp.Program."""
+
+    graphs: dict[str, Any]
+
+    @property
+    def ir(self) -> IRProgram: ...
+
+    @property
+    def compile_options(self) -> CompileOptions: ...
+
+    lr: float
+
+    def state(self) -> dict[str, Any]: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def options_of(program: Lowerable) -> CompileOptions:
     """The program's compile options, checked and typed (GlcompError naming a bad one)."""
-    return CompileOptions.parse(program.options)
+    return program.compile_options
 
 
-def passes_of(program: Program) -> dict[str, bool]:
+def passes_of(program: Lowerable) -> dict[str, bool]:
     """The code-generation passes in effect: all on unless `passes={...}` switched some off."""
-    return dict(options_of(program).passes)
+    return dict(program.compile_options.passes)
 
 
 # Texel formats of temporary textures (compile option ``storage=``, see options.STORAGE). A
@@ -55,9 +77,9 @@ def passes_of(program: Program) -> dict[str, bool]:
 # it is RGBA32F, so bundles compiled with the default ``storage="f32"`` are byte for byte what
 # they were before the option existed. Shaders compute in highp (float32) registers either way:
 # only what a texel holds between draws is rounded to half precision.
-def storage_of(program: Program) -> str:
+def storage_of(program: Lowerable) -> str:
     """The ``storage=`` option in effect ("f32" unless given)."""
-    return options_of(program).storage
+    return program.compile_options.storage
 
 
 def texture_formats(entries: dict[str, Any], temporaries: set[str], storage: str) -> dict[str, str]:
@@ -92,16 +114,22 @@ def texture_formats(entries: dict[str, Any], temporaries: set[str], storage: str
     return {t: "f32" if t in wide else storage for t in temporaries}
 
 
-def target_of(program: Program) -> Target:
+def target_of(program: Lowerable) -> Target:
     """The target the program is compiled for, with its limits."""
-    return options_of(program).make_target()
+    return program.compile_options.make_target()
 
 
-def entry_plan(program: Program, entry: str) -> KernelPlan:
+def entry_plan(
+    program: IRProgram | Lowerable, entry: str, options: CompileOptions | None = None
+) -> KernelPlan:
     """The plan of `entry` before any pass: its IR graph, the target and the pass switches of
-    the program's options, and the names of its persistent states."""
-    options = options_of(program)
-    states = frozenset({**program.params, **program.buffers, **program.opt_state})
+    `options`, and the names of its persistent states. `program` is an IRProgram with its
+    `options`, or a glcomp.Program (its `ir` and `compile_options`)."""
+    if not isinstance(program, IRProgram):
+        program, options = program.ir, program.compile_options
+    if options is None:
+        raise TypeError("entry_plan(ir_program, entry, options): the options are missing")
+    states = frozenset(program.states)
     target = options.planning_target()
     graph = program.graphs[entry]
     if options.inspect:  # the tensors to keep readable: extra outputs, nothing else changes
@@ -112,18 +140,27 @@ def entry_plan(program: Program, entry: str) -> KernelPlan:
     return KernelPlan(entry, graph, target, options.passes, states, options.storage)
 
 
-def build_bundle(program: Program, dump_after: str | None = None, check: bool = False) -> Bundle:
-    """Lower every entry point of `program` to shaders and draw schedules, through the passes of
-    glcomp.codegen.pipeline.PIPELINE. `dump_after` names a pass: the kernel plan of each entry
-    point is printed after it (GlcompError listing the passes for an unknown name). With
-    `check`, glcomp.codegen.kernel_plan.check_plan checks the plan after every pass."""
+def build_bundle(program: Lowerable, dump_after: str | None = None, check: bool = False) -> Bundle:
+    """`lower` for a glcomp.Program: its IR program under its compile options, holding its
+    current state and learning rate, with its program.json."""
+    bundle = lower(program.ir, program.compile_options, dump_after=dump_after, check=check)
+    return dataclasses.replace(bundle.with_state(program.state(), program.lr), program=program.to_json())
+
+
+def lower(
+    ir: IRProgram, options: CompileOptions, *, dump_after: str | None = None, check: bool = False
+) -> Bundle:
+    """Lower every entry point of `ir` to shaders and draw schedules under `options`, through
+    the passes of glcomp.codegen.pipeline.PIPELINE. The bundle's state is zeros (counters 0, lr
+    0) and it has no program.json: `Bundle.with_state` gives it its values. `dump_after` names a
+    pass: the kernel plan of each entry point is printed after it (GlcompError listing the passes
+    for an unknown name). With `check`, glcomp.codegen.kernel_plan.check_plan checks the plan
+    after every pass."""
     with gc_paused():  # see glcomp.ir.gcpause
-        return _build_bundle(program, dump_after, check)
+        return _lower(ir, options, dump_after, check)
 
 
-def _build_bundle(program: Program, dump_after: str | None, check: bool) -> Bundle:
-    check_pass_name(dump_after)
-    options = options_of(program)
+def _lower(program: IRProgram, options: CompileOptions, dump_after: str | None, check: bool) -> Bundle:
     target = options.planning_target()  # rgba8: a quarter of the device's texture size
     size = target.max_texture_size
     pool = Pool()
@@ -135,13 +172,10 @@ def _build_bundle(program: Program, dump_after: str | None, check: bool) -> Bund
     # Persistent state: parameters, float buffers and optimizer state, two texture sets each
     # (ping-pong: an update reads one set and writes the other).
     states: dict[str, dict[str, Any]] = {}
-    init = {**program.params, **program.buffers, **program.opt_state}
-    roles = {k: "param" for k in program.params} | {k: "buffer" for k in program.buffers}
-    roles |= {k: "state" for k in program.opt_state}
-    for i, (name, value) in enumerate(init.items()):
-        lay = layout_for(tuple(value.shape), size)
+    for i, (name, spec) in enumerate(program.states.items()):
+        lay = layout_for(spec.shape, size)
         sets = [[f"state{i}{v}{p}" for p in range(lay.pages)] for v in "ab"]
-        states[name] = {"role": roles[name], "layout": lay.to_json(), "textures": sets}
+        states[name] = {"role": spec.role, "layout": lay.to_json(), "textures": sets}
     state_sizes = {
         t: (st["layout"]["width"], st["layout"]["height"])
         for st in states.values()
@@ -152,7 +186,7 @@ def _build_bundle(program: Program, dump_after: str | None, check: bool) -> Bund
     entries: dict[str, Any] = {}
     for entry in ENTRY_POINTS:
         if entry in program.graphs:
-            plan = run_pipeline(entry_plan(program, entry), dump_after, check)
+            plan = run_pipeline(entry_plan(program, entry, options), dump_after, check)
             entries[entry] = _emit_entry(plan, pool, programs, shaders, by_source, cache)
 
     # Only textures some draw, input or output names: loaders refuse a bundle declaring others
@@ -184,9 +218,9 @@ def _build_bundle(program: Program, dump_after: str | None, check: bool) -> Bund
         "version": VERSION,
         "target": options.make_target().to_json(),  # the device's limits
         "inputs": inputs,
-        "hyper": {"lr": program.lr},
+        "hyper": {"lr": 0.0},
         "states": states,
-        "counters": {k: int(v) for k, v in program.counters.items()},
+        "counters": dict.fromkeys(program.counters, 0),
         "textures": textures,
         "vertex_shader": "quad.vert",
         "programs": programs,
@@ -194,9 +228,9 @@ def _build_bundle(program: Program, dump_after: str | None, check: bool) -> Bund
         "memory": {"texture_bytes": peak, "textures": len(textures)},
         "passes": {k: bool(v) for k, v in sorted(options.passes.items())},
     }
-    weights = {k: np.asarray(v, np.float32) for k, v in init.items()}
-    weights |= {k: np.asarray(v, np.int64) for k, v in program.counters.items()}
-    return Bundle(manifest, shaders, weights, program.to_json())
+    weights = {k: np.zeros(spec.shape, np.float32) for k, spec in program.states.items()}
+    weights |= {k: np.zeros((), np.int64) for k in program.counters}
+    return Bundle(manifest, shaders, weights)
 
 
 def _emit_entry(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from glcomp.errors import GlcompError
 
 if TYPE_CHECKING:
-    from glcomp.program import Program
+    from glcomp.codegen.bundle import Lowerable
 
 
 def _origins(source: str) -> str:
@@ -70,7 +70,7 @@ def explain(manifest: dict[str, Any], shaders: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def plans_after(program: Program, name: str) -> str:
+def plans_after(program: Lowerable, name: str) -> str:
     """Each entry point's kernel plan after the pass `name` (``str(plan)``, one block per entry
     point in the order of the bundle's entries): the passes after it do not run, so a plan that
     a later pass would refuse is still shown. GlcompError listing the passes for an unknown name,
@@ -78,7 +78,7 @@ def plans_after(program: Program, name: str) -> str:
     from glcomp.codegen.bundle import entry_plan
     from glcomp.codegen.pipeline import check_pass_name, run_pipeline
     from glcomp.ir.gcpause import gc_paused
-    from glcomp.program import ENTRY_POINTS
+    from glcomp.ir.program import ENTRY_POINTS
 
     check_pass_name(name, "dump_after")
     if not program.graphs:

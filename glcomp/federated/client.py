@@ -90,8 +90,7 @@ class GlcompClient:
                 )
             # Without the compiled-in Optimizer (it tracks runtimes for schedulers): the program is
             # pickled into every simulation worker.
-            light = dataclasses.replace(program, optimizer=None)
-            light._bundle, light._bundle_key = program._bundle, program._bundle_key
+            light = dataclasses.replace(program, optimizer=None)  # shares its lowering
             self._program, self._path = light, None
         if not callable(sites):
             sites = list(sites)
