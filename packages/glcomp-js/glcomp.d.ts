@@ -91,6 +91,8 @@ export interface RuntimeInfo {
   renderer: string;
   /** Whether the renderer is a software one (SwiftShader, llvmpipe). */
   software: boolean;
+  /** Whether a context made with failIfMajorPerformanceCaveat is refused (null: no canvas to probe). */
+  performanceCaveat: boolean | null;
   warnings: string[];
   /** Which variant of a variant set was loaded and why, else null. */
   variant: unknown;

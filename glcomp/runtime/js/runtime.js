@@ -12,6 +12,26 @@ import {
 
 const QUAD = new Float32Array([-1, -1, 3, -1, -1, 3]); // one triangle covers the viewport
 const SOFTWARE_RE = /swiftshader|llvmpipe|softpipe|software|basic render|lavapipe|swrast/i;
+const CAVEATS = {}; // "webgl" / "webgl2" -> the probe's answer, once per page or worker
+
+/** Whether the browser refuses a context created with failIfMajorPerformanceCaveat (it would be
+ *  a software renderer, or a GPU too slow to count): true, false, or null where no canvas can be
+ *  made. The probe's own context is released at once (WEBGL_lose_context). */
+function majorPerformanceCaveat(kind) {
+  if (kind in CAVEATS) return CAVEATS[kind];
+  let canvas = null;
+  if (typeof document !== "undefined") canvas = document.createElement("canvas");
+  else if (typeof OffscreenCanvas === "function") canvas = new OffscreenCanvas(1, 1);
+  let answer = null;
+  if (canvas) {
+    canvas.width = canvas.height = 1;
+    const probe = canvas.getContext(kind, { failIfMajorPerformanceCaveat: true });
+    answer = !probe;
+    probe?.getExtension("WEBGL_lose_context")?.loseContext();
+  }
+  CAVEATS[kind] = answer;
+  return answer;
+}
 
 // -- the runtime -------------------------------------------------------------------------------
 /** WebGL wants #version on the very first line; drop blank lines in front of it. Returns the
@@ -157,7 +177,9 @@ export class Runtime {
     const dbg = gl.getExtension("WEBGL_debug_renderer_info");
     const renderer = dbg ? gl.getParameter(dbg.UNMASKED_RENDERER_WEBGL) : gl.getParameter(gl.RENDERER);
     const vendor = dbg ? gl.getParameter(dbg.UNMASKED_VENDOR_WEBGL) : gl.getParameter(gl.VENDOR);
-    const software = SOFTWARE_RE.test(`${renderer} ${vendor}`);
+    // failIfMajorPerformanceCaveat tells where the renderer string is masked
+    const performanceCaveat = majorPerformanceCaveat(this.webgl2 ? "webgl2" : "webgl");
+    const software = SOFTWARE_RE.test(`${renderer} ${vendor}`) || performanceCaveat === true;
     const lacks = [];
     const ext = {};
     const progs = Object.entries(m.programs);
@@ -255,7 +277,7 @@ export class Runtime {
       lacks.push(`highp float in fragment shaders (32-bit floats; this GPU offers ${high.precision} bits of `
         + "precision: HIGH_FLOAT of getShaderPrecisionFormat)");
     }
-    this._info = { webgl: this.webgl2 ? 2 : 1, renderer, vendor, software, maxTextureSize: maxTex,
+    this._info = { webgl: this.webgl2 ? 2 : 1, renderer, vendor, software, performanceCaveat, maxTextureSize: maxTex,
       maxDrawBuffers: maxDraw, maxTextureUnits: maxUnits, parallelShaderCompile: !!ext.parallel,
       storage: bytes ? "rgba8" : half ? "f16" : "f32",
       readback: this._asyncReadback() ? "async" : "sync", warnings: [] };

@@ -1,0 +1,267 @@
+"""The camera fine-tuning demo (camera.html, examples/camera_finetune.py) in headless Chromium with a
+fake camera: a YUV4MPEG2 video the test writes shows three classes in turn (tinted stripes of three
+orientations, with noise), the test records frames of each class through the page's getUserMedia
+video, fine-tunes for a fixed number of steps, then predicts on the live <video> element and
+checks the held-out accuracy; the exported weights load into the same network in PyTorch."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_browser import CHROMIUM_ARGS, Site
+
+import glcomp
+from glcomp import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import camera_finetune as cam
+
+pytestmark = pytest.mark.browser
+
+WIDTH, HEIGHT = cam.SOURCE[1], cam.SOURCE[0]
+FPS = 15
+SEGMENT = 30  # frames per class: the first half is recorded, the second half held out
+CLASSES = 3
+RECORD = 8  # frames recorded per class
+HELD_OUT = 6  # predictions per class wanted (at least MIN_HELD_OUT within the deadline)
+MIN_HELD_OUT = 3
+STEPS = 40
+BATCH = 8  # frames per step (the demo's default is 16; 8 halves the test's time on SwiftShader)
+MIN_ACCURACY = 0.8  # chance is 1/3
+BLOCK = 8  # the top-left BLOCK x BLOCK pixels say which half of its segment a frame is in
+
+
+def y4m_video(path: Path, loops: int = 1, seed: int = 0) -> Path:
+    """CLASSES segments of SEGMENT frames (4:2:0): class c shows stripes at c * 60 degrees (a random
+    phase per frame, luma noise of sigma 10) tinted red, green or blue through the chroma planes;
+    the top-left block is white in a segment's first half, black in its second (grey chroma)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float64)
+    tints = [(110, 180), (70, 70), (190, 110)]  # (U, V): red, green, blue
+    out = [f"YUV4MPEG2 W{WIDTH} H{HEIGHT} F{FPS}:1 Ip A1:1 C420jpeg\n".encode()]
+    for _ in range(loops):
+        for c in range(CLASSES):
+            angle = c * np.pi / 3
+            for f in range(SEGMENT):
+                phase = rng.uniform(0, 2 * np.pi)
+                wave = np.sin(2 * np.pi * (xx * np.cos(angle) + yy * np.sin(angle)) / 10 + phase)
+                luma = 128 + 70 * wave + rng.normal(0, 10, wave.shape)
+                luma[:BLOCK, :BLOCK] = 235 if f < SEGMENT // 2 else 16
+                u = np.full((HEIGHT // 2, WIDTH // 2), tints[c][0], np.float64)
+                v = np.full((HEIGHT // 2, WIDTH // 2), tints[c][1], np.float64)
+                u[: BLOCK // 2, : BLOCK // 2] = v[: BLOCK // 2, : BLOCK // 2] = 128
+                planes = [np.clip(np.rint(p), 0, 255).astype(np.uint8) for p in (luma, u, v)]
+                out += [b"FRAME\n", *(p.tobytes() for p in planes)]
+    path.write_bytes(b"".join(out))
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's bundle, from freshly initialised convolutions (no pretraining: its cost is
+    examples/camera_finetune.py's, and the fake camera's classes need no pretrained features)."""
+    from safetensors.numpy import save_file
+
+    out = tmp_path_factory.mktemp("camera")
+    glcomp.manual_seed(7)
+    weights = out / "init.safetensors"
+    save_file(cam.CameraNet(cam.PRETRAIN_CLASSES).state_dict(), str(weights))
+    cam.build(out / "site", weights=weights, seed=7, batch=BATCH)
+    (out / "site" / "bundle").rename(out / "site" / "camera")
+    y4m_video(out / "classes.y4m")
+    return out
+
+
+@pytest.fixture(scope="module")
+def camera_browser(built: Path) -> Iterator[Any]:
+    """Chromium whose camera is the fake device playing `classes.y4m` in a loop."""
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.fail(
+            "the camera demo test needs Chromium on PATH (Debian: apt-get install chromium)", pytrace=False
+        )
+    from playwright.sync_api import sync_playwright
+
+    fake = [
+        "--use-fake-device-for-media-stream",
+        "--use-fake-ui-for-media-stream",
+        f"--use-file-for-fake-video-capture={built / 'classes.y4m'}",
+        "--autoplay-policy=no-user-gesture-required",
+    ]
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS + fake)
+        yield b
+        b.close()
+
+
+# The test's own view of the camera (not the model's): which class a frame shows (its dominant
+# tint) and which half of its segment (the block's luma). Frames where the two reads differ are
+# dropped, so the labels are right even when a segment changes between a read and a capture.
+ORACLE_JS = """
+const W = arg.width, H = arg.height, B = arg.block;
+const canvas = new OffscreenCanvas(W, H);
+const ctx = canvas.getContext("2d", { willReadFrequently: true });
+const see = (src) => {
+  ctx.drawImage(src, 0, 0, W, H);
+  const px = ctx.getImageData(0, 0, W, H).data;
+  const sum = [0, 0, 0];
+  let block = 0;
+  for (let y = 0; y < H; y++) for (let x = 0; x < W; x++) {
+    const i = 4 * (y * W + x);
+    if (x < B && y < B) { block += px[i] + px[i + 1] + px[i + 2]; continue; }
+    for (let k = 0; k < 3; k++) sum[k] += px[i + k];
+  }
+  const mean = sum.map((s) => s / (W * H - B * B));
+  const tint = [0, 1, 2].map((k) => mean[k] - (mean[0] + mean[1] + mean[2] - mean[k]) / 2);
+  const cls = tint.indexOf(Math.max(...tint));
+  const first = block / (3 * B * B) > 128;
+  return `${cls}/${first ? "rec" : "held"}`;
+};
+const api = window.glcompCamera;
+const frame = () => new Promise((r) => api.video.requestVideoFrameCallback(() => r()));
+"""
+
+RECORD_JS = (
+    ORACLE_JS
+    + """
+const { classes, record, heldOut, deadline } = arg;
+await api.start();
+api.setClasses(classes);
+// the page's own record button, briefly: frames of whatever the camera shows, then dropped
+document.getElementById("seconds").value = "0.5";
+document.getElementById("record-0").click();
+while (api.state.status !== "recording") await new Promise((r) => setTimeout(r, 10));
+while (api.state.status === "recording") await new Promise((r) => setTimeout(r, 20));
+const clicked = api.state.examples.splice(0).length;
+const want = (c) => api.state.examples.filter((e) => e.y === c).length < record;
+const t0 = performance.now();
+let dropped = 0;
+while ([...Array(classes).keys()].some(want) && performance.now() - t0 < deadline) {
+  const seen = see(api.video);
+  const [c, half] = seen.split("/");
+  if (half === "rec" && want(Number(c))) {
+    const bitmap = await api.capture(Number(c));
+    if (see(bitmap) !== seen) { api.state.examples.pop(); bitmap.close(); dropped++; }
+  } else {
+    await frame();
+  }
+}
+const counts = [...Array(classes).keys()].map((c) => api.state.examples.filter((e) => e.y === c).length);
+const losses = await api.finetune(arg.steps, 0);
+const stats = document.getElementById("stats").textContent;
+// held out: the second halves, predicted from the <video> element itself
+const preds = [...Array(classes)].map(() => []);
+const t1 = performance.now();
+const tally = { loops: 0, moved: 0 };
+while (preds.some((p) => p.length < heldOut) && performance.now() - t1 < deadline) {
+  const before = see(api.video);
+  const [p] = await api.predict();
+  const after = see(api.video);
+  tally.loops++;
+  if (before !== after) tally.moved++;
+  const [c, half] = before.split("/");
+  const cls = Number(c);
+  if (before === after && half === "held" && preds[cls].length < heldOut) preds[cls].push(p.label);
+  else await frame();
+}
+// a few recorded frames (bytes) with the page's probabilities for them, to check the export
+const some = [0, 1, 2].map((c) => api.state.examples.find((e) => e.y === c).frame);
+const probs = (await api.predict(some)).map((p) => [0, 1, 2].map((c) => p.probs[c]));
+const bytes = some.map((b) => {
+  ctx.drawImage(b, 0, 0);
+  return Array.from(ctx.getImageData(0, 0, W, H).data);
+});
+const weights = api.exportWeights();
+let bin = "";
+for (const v of new Uint8Array(weights)) bin += String.fromCharCode(v);
+return { clicked, counts, dropped, losses, stats, preds, probs, bytes, weights: btoa(bin),
+  info: api.info, infoText: document.getElementById("info").textContent, camera: api.state.camera,
+  error: api.state.error, tally, predictMs: (performance.now() - t1) / tally.loops };
+"""
+)
+
+
+def test_fake_camera_to_trained_classifier(camera_browser: Any, built: Path) -> None:
+    import torch
+    from safetensors.numpy import load, load_file
+
+    site = Site(built / "site")
+    context = camera_browser.new_context(permissions=["camera"])
+    try:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        page.goto(site.url + "camera.html?bundle=/bundle/camera/")
+        page.wait_for_function(
+            "document.getElementById('info').textContent.startsWith('WebGL') || "
+            "!document.getElementById('error').hidden",
+            timeout=60000,
+        )
+        assert page.evaluate("document.getElementById('error').textContent") == ""
+        arg = {
+            "width": WIDTH,
+            "height": HEIGHT,
+            "block": BLOCK,
+            "classes": CLASSES,
+            "record": RECORD,
+            "heldOut": HELD_OUT,
+            "steps": STEPS,
+            "deadline": 40000,
+        }
+        got = page.evaluate(f"async (arg) => {{ {RECORD_JS} }}", arg)
+    finally:
+        context.close()
+        site.close()
+    assert not errors and got["error"] is None, (errors, got["error"])
+    assert got["camera"] == {"width": WIDTH, "height": HEIGHT, "scaled": False}
+    assert got["clicked"] > 0  # the record button recorded frames
+    assert got["counts"] == [RECORD] * CLASSES, got
+    assert got["info"]["software"] is True and isinstance(got["info"]["performanceCaveat"], bool)
+    assert "software renderer: yes" in got["infoText"]
+    losses = np.array(got["losses"])
+    assert len(losses) == STEPS and np.all(np.isfinite(losses))
+    assert losses[-10:].mean() < 0.75 * losses[:5].mean(), losses  # measured: about 0.5
+    assert "loss" in got["stats"]
+    preds = got["preds"]
+    assert all(MIN_HELD_OUT <= len(p) <= HELD_OUT for p in preds), (preds, got["tally"], got["predictMs"])
+    accuracy = np.mean([label == c for c, p in enumerate(preds) for label in p])
+    assert accuracy >= MIN_ACCURACY, (accuracy, preds)
+
+    # the export: torch names, frozen layers as they were, the rest trained
+    weights = load(base64.b64decode(got["weights"]))
+    (stored,) = (built / "site" / "camera").glob("weights*.safetensors")  # the bundle's initial state
+    before = load_file(str(stored))
+    assert set(weights) == set(cam.CameraNet().state_dict()) <= set(before)
+    for name in weights:
+        frozen = name.startswith(cam.FROZEN)
+        assert np.array_equal(weights[name], before[name]) == frozen, name
+
+    class TorchCameraNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            tnn = torch.nn
+            self.features = tnn.Sequential(
+                *(tnn.Conv2d(3, 8, 3, padding=1), tnn.ReLU(), tnn.MaxPool2d(2)),
+                *(tnn.Conv2d(8, 16, 3, padding=1), tnn.ReLU(), tnn.MaxPool2d(2)),
+                *(tnn.Conv2d(16, 16, 3, padding=1), tnn.ReLU(), tnn.MaxPool2d(2)),
+            )
+            self.head = tnn.Linear(256, cam.CLASSES)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.flatten(self.features(x), 1))
+
+    net = TorchCameraNet()
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=True)
+    frames = np.array(got["bytes"], np.uint8).reshape(CLASSES, HEIGHT, WIDTH, 4)
+    pre = cam.CameraNet().pre
+    x = glcomp.compile(nn.Sequential(pre), {"x": pre.input(CLASSES)}).runtime("reference").predict(x=frames)
+    with torch.no_grad():
+        logits = net(torch.from_numpy(x))[:, :CLASSES]
+    np.testing.assert_allclose(torch.softmax(logits, 1).numpy(), np.array(got["probs"]), atol=2e-3)
