@@ -22,6 +22,7 @@ import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.format.program import PROGRAM_FORMAT, check_program
+from glcomp.format.shaders import SHADERS_FILE, float_literal, shader_literals
 from glcomp.ir.graph import Graph
 from glcomp.ir.program import ENTRY_POINTS, InputSpec, IRProgram, StateSpec
 from glcomp.runtime.feeds import check_feeds
@@ -334,6 +335,7 @@ class Program:
         target = None if data["target"] is None else spec_of(data["target"])
         order, trainable, options = data["order"], data["trainable"], data["options"]
         graphs_data = data["graphs"]
+        literals = shader_literals(bundle.shaders)
         graphs = {}
         shapes = {k: tuple(np.shape(w[k])) for k in w} | {k: s.shape for k, s in inputs.items()}
         if target is not None:
@@ -383,6 +385,13 @@ class Program:
                     need(
                         _is_number(value),
                         f"graphs.{entry}: node {n} is a constant of value {value!r}, not a number",
+                    )
+                    # The reference runs these graphs and GL the shaders: a constant the shaders
+                    # do not hold would make the two compute different numbers, silently.
+                    need(
+                        float_literal(value) in literals,
+                        f"graphs.{entry}: node {n} is the constant {value!r}, which no shader of "
+                        f"the bundle holds (program.json disagrees with {SHADERS_FILE})",
                     )
             elements = sum(math.prod(g.shape(n)) for n in g.g.nodes)
             need(

@@ -10,6 +10,7 @@ Any fault is a GlcompError naming the shader as `shader_path` does.
 
 from __future__ import annotations
 
+import math
 import re
 from bisect import bisect_left
 from itertools import accumulate
@@ -306,3 +307,28 @@ def unpack_shaders(data: bytes, wanted: list[str]) -> dict[str, str]:
             raise GlcompError(f"bundle {shader_path(3, name)}: not Unicode text (a lone surrogate)")
         shaders[name] = source
     return shaders
+
+
+# -- constants in shaders --------------------------------------------------------------------------
+_NUMBER = re.compile(r"(?<![\w.])-?[0-9][0-9.]*(?:e[-+]?[0-9]+)?(?![\w.])")
+
+
+def float_literal(value: float) -> str:
+    """How the code generator spells the constant `value` in GLSL (glcomp.codegen.families.glsl
+    glsl_float: Python's repr, ".0" added to integers, infinities clamped to +-3.0e38)."""
+    if math.isinf(value):
+        return "3.0e38" if value > 0 else "-3.0e38"
+    text = repr(float(value))
+    return text if any(c in text for c in ".e") else text + ".0"
+
+
+def shader_literals(shaders: dict[str, str]) -> set[str]:
+    """Every number literal the shaders hold (a negative one also without its sign): a constant
+    of the bundle's graphs appears here as `float_literal` spells it."""
+    found: set[str] = set()
+    for source in shaders.values():
+        for token in _NUMBER.findall(source):
+            found.add(token)
+            if token.startswith("-"):
+                found.add(token[1:])
+    return found
