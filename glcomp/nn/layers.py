@@ -152,8 +152,8 @@ class Linear(Module):
         else:
             self.bias = None
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = _need(x, "input")
+    def forward(self, input: Tensor) -> Tensor:  # torch's name: linear(input=x) works too
+        x = _need(input, "input")
         if x.ndim < 1 or x.shape[-1] != self.in_features:
             raise _fail(f"input expected shape (..., {self.in_features}) but got {x.shape}")
         return F.linear(x, self.weight, self.bias)
@@ -395,12 +395,53 @@ class _Pool(Module):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
+def _refuse_options(owner: str, **unsupported: bool) -> None:
+    """GlcompError naming the torch constructor options set to a value glcomp does not support."""
+    named = [name for name, used in unsupported.items() if used]
+    if named:
+        raise GlcompError(f"{owner}: {', '.join(named)} other than torch's default are not supported yet")
+
+
 class MaxPool2d(_Pool):
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ) -> None:
+        super().__init__(kernel_size, stride, padding)
+        _refuse_options(
+            "MaxPool2d",
+            dilation=_pair(dilation) != (1, 1),
+            return_indices=return_indices,
+            ceil_mode=ceil_mode,
+        )
+
     def forward(self, x: Tensor) -> Tensor:
         return F.max_pool2d(self._check(x), self.kernel_size, self.stride, self.padding)
 
 
 class AvgPool2d(_Pool):
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+    ) -> None:
+        super().__init__(kernel_size, stride, padding)
+        _refuse_options(
+            "AvgPool2d",
+            ceil_mode=ceil_mode,
+            count_include_pad=not count_include_pad,
+            divisor_override=divisor_override is not None,
+        )
+
     def forward(self, x: Tensor) -> Tensor:
         return F.avg_pool2d(self._check(x), self.kernel_size, self.stride, self.padding)
 
@@ -617,18 +658,34 @@ class _BatchNorm(Module):
     ranks: tuple[int, ...] = ()
 
     def __init__(
-        self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        bias: bool = True,
     ) -> None:
         super().__init__()
+        if momentum is None:
+            raise GlcompError(
+                f"{type(self).__name__}: momentum=None (a cumulative average of the running "
+                "statistics) is not supported yet; give a momentum such as 0.1"
+            )
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.track_running_stats = track_running_stats
         if affine:
             self.weight = Parameter(np.ones(num_features, np.float32))
-            self.bias = Parameter(np.zeros(num_features, np.float32))
+            self.bias = Parameter(np.zeros(num_features, np.float32)) if bias else None
         else:
             self.weight = self.bias = None
-        self.register_buffer("running_mean", np.zeros(num_features, np.float32))
-        self.register_buffer("running_var", np.ones(num_features, np.float32))
-        self.register_buffer("num_batches_tracked", np.array(0, dtype=np.int64))
+        if track_running_stats:  # else batch statistics in eval mode too, and no buffers (torch's)
+            self.register_buffer("running_mean", np.zeros(num_features, np.float32))
+            self.register_buffer("running_var", np.ones(num_features, np.float32))
+            self.register_buffer("num_batches_tracked", np.array(0, dtype=np.int64))
 
     def forward(self, x: Tensor) -> Tensor:
         x = _need(x, "input")
@@ -639,7 +696,9 @@ class _BatchNorm(Module):
             )
         axes = tuple(i for i in range(x.ndim) if i != 1)
         shape = tuple(self.num_features if i == 1 else 1 for i in range(x.ndim))
-        if self.training:
+        if not self.track_running_stats:
+            y = F.batch_norm_train(x, axes, self.eps)[0]
+        elif self.training:
             y, mean, var = F.batch_norm_train(x, axes, self.eps)
             n = math.prod(x.shape[i] for i in axes)
             state = active_trace()
@@ -662,7 +721,9 @@ class _BatchNorm(Module):
             var = self.running_var.reshape(shape)
             y = (x - mean) / (var + self.eps).sqrt()
         if self.weight is not None:
-            y = y * self.weight.reshape(shape) + self.bias.reshape(shape)
+            y = y * self.weight.reshape(shape)
+        if self.bias is not None:
+            y = y + self.bias.reshape(shape)
         return y
 
     def extra_repr(self) -> str:
@@ -776,6 +837,14 @@ class HuberLoss(_Loss):
 
 class BCELoss(_Loss):
     """Binary cross-entropy on probabilities (e.g. after a Sigmoid); targets in [0, 1]."""
+
+    def __init__(
+        self, weight: Any = None, size_average: Any = None, reduce: Any = None, reduction: str = "mean"
+    ) -> None:
+        if isinstance(weight, str):  # the earlier positional form BCELoss("sum")
+            weight, reduction = None, weight
+        super().__init__(size_average, reduce, reduction)
+        _refuse_options("BCELoss", weight=weight is not None)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.binary_cross_entropy(input, target, reduction=self.reduction)
