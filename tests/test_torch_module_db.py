@@ -12,6 +12,7 @@ a counterpart are `NOT_IN_GLCOMP`, checked against glcomp.nn so the list stays t
 
 from __future__ import annotations
 
+import inspect
 import re
 import warnings
 from collections.abc import Iterator
@@ -147,7 +148,10 @@ class _Call(gnn.Module):
 
     def forward(self, **inputs: Any) -> Any:
         args = [self._fill(a, inputs) for a in self.args]
-        return self.m(*args, **{k: self._fill(v, inputs) for k, v in self.kwargs.items()})
+        kwargs = {k: self._fill(v, inputs) for k, v in self.kwargs.items()}
+        if "input" in kwargs and "input" not in inspect.signature(self.m.forward).parameters:
+            args.insert(0, kwargs.pop("input"))  # torch's keyword for the first argument (Linear's x)
+        return self.m(*args, **kwargs)
 
 
 def _flat(value: Any, prefix: str = "output") -> dict[str, np.ndarray]:

@@ -152,8 +152,8 @@ class Linear(Module):
         else:
             self.bias = None
 
-    def forward(self, input: Tensor) -> Tensor:  # torch's name: linear(input=x) works too
-        x = _need(input, "input")
+    def forward(self, x: Tensor) -> Tensor:
+        x = _need(x, "input")
         if x.ndim < 1 or x.shape[-1] != self.in_features:
             raise _fail(f"input expected shape (..., {self.in_features}) but got {x.shape}")
         return F.linear(x, self.weight, self.bias)
