@@ -475,7 +475,19 @@ def dropout1d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = 
 
 
 def dropout2d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
-    """Zero whole channels of (N, C, H, W) or (C, H, W) inputs with probability `p`."""
+    """Zero whole channels of (N, C, H, W) or (C, H, W) inputs with probability `p`. A 2-D input
+    (N, features), which torch accepts with a deprecation warning, drops single elements as
+    `dropout` does (torch's behaviour), with the same warning."""
+    if isinstance(x, Tensor) and x.ndim == 2:
+        import warnings
+
+        warnings.warn(
+            "dropout2d: received a 2-D input, which torch deprecates; it drops single elements "
+            "as dropout does (use nn.Dropout for a 2-D input)",
+            UserWarning,
+            stacklevel=2,
+        )
+        return dropout(x, p, training)
     return _channel_dropout("dropout2d", x, p, training, (3, 4))
 
 

@@ -76,7 +76,14 @@ def check_input(name: str, spec: dict[str, Any], value: Any) -> np.ndarray:
     arr = as_real_array(value, f"input {name!r}")
     shape = tuple(spec["shape"])
     if arr.shape != shape:
-        raise GlcompError(f"input {name!r} expected shape {shape} but got {arr.shape}")
+        hint = ""
+        if arr.ndim == len(shape) and arr.ndim and arr.shape[1:] == shape[1:] and arr.shape[0] < shape[0]:
+            hint = (
+                f": a batch of {arr.shape[0]} where the program was compiled for {shape[0]} (the last, "
+                "partial batch of a DataLoader?); programs have fixed shapes, so pass drop_last=True "
+                "to the DataLoader, or compile a second program for the remainder's batch size"
+            )
+        raise GlcompError(f"input {name!r} expected shape {shape} but got {arr.shape}{hint}")
     classes = spec.get("num_classes")
     if classes is not None:
         if not np.issubdtype(arr.dtype, np.integer) and not np.all(np.mod(arr, 1) == 0):
