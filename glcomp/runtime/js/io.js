@@ -318,6 +318,56 @@ export function weightsLimit(manifest) {
   return 8 + MAX_JSON_BYTES + 8 * elements;
 }
 
+/** The weights cap of a manifest not yet validated (the weights are fetched while it is): the
+ *  validated manifest's weightsLimit, the same number; where it cannot be computed the manifest
+ *  is refused anyway, and the weights are held to the size of a bare header. */
+function weightsCap(manifest) {
+  let limit = NaN;
+  try {
+    limit = weightsLimit(manifest);
+  } catch {
+    // a malformed manifest: validateManifest reports it
+  }
+  return Number.isSafeInteger(limit) ? limit : 8 + MAX_JSON_BYTES;
+}
+
+/** A fetched file's bytes, refused (GlcompError naming `what`, as read_bundle words it) once they
+ *  exceed `limit`: by its Content-Length before any byte is read, else while it streams, so a
+ *  file far beyond the manifest's states is never held whole (nor waited for to its end). */
+async function readCapped(res, limit, what) {
+  const tooBig = () => new GlcompError(`bundle ${what}: larger than ${limit} bytes`);
+  const declared = Number(res.headers.get("content-length") ?? NaN);
+  if (Number.isFinite(declared) && declared > limit) {
+    res.body?.cancel().catch(() => {});
+    throw tooBig();
+  }
+  if (!res.body) {
+    const buf = await res.arrayBuffer();
+    if (buf.byteLength > limit) throw tooBig();
+    return buf;
+  }
+  const reader = res.body.getReader();
+  const chunks = [];
+  let size = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    size += value.byteLength;
+    if (size > limit) {
+      reader.cancel().catch(() => {});
+      throw tooBig();
+    }
+    chunks.push(value);
+  }
+  const out = new Uint8Array(size);
+  let at = 0;
+  for (const chunk of chunks) {
+    out.set(chunk, at);
+    at += chunk.byteLength;
+  }
+  return out.buffer;
+}
+
 const decodeUtf8 = (buf, where) => {
   try {
     return new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(buf);
@@ -488,12 +538,14 @@ async function loadOnce(source, options, seen, fresh) {
       const res = await fetchFile(new URL(`shaders/${name}`, base), `shaders/${name}`, true, origins);
       return res ? decodeUtf8(await res.arrayBuffer(), `shaders/${name}`) : null;
     };
-    const fetchStored = async (path, optional) => {
+    const fetchStored = async (path, optional, limit = null) => {
       const res = await fetchFile(new URL(stored(path), base), label(path), optional, origins);
-      return res ? res.arrayBuffer() : null;
+      if (!res) return null;
+      return limit === null ? res.arrayBuffer() : readCapped(res, limit, path);
     };
     packedBuf = () => fetchStored(SHADERS_FILE, false);
-    weightsBuf = () => fetchStored(WEIGHTS_FILE, false);
+    // The weights are capped by the manifest's states as they arrive (see readCapped).
+    weightsBuf = () => fetchStored(WEIGHTS_FILE, false, weightsCap(manifest));
     programBuf = () => fetchStored(PROGRAM_FILE, true);
   } else if (source && typeof source === "object") {
     const map = fileMap(source);
