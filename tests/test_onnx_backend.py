@@ -655,3 +655,49 @@ def test_optimizer_case_matches_glcomp_optimizer(case: str) -> None:
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7, err_msg=case)
+
+
+# -- the backend's own interface -------------------------------------------------------------------
+def _add_model(shape: tuple[int | None, ...] = (2, 3)) -> Any:
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Add", ["a", "b"], ["c"])
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "ab"]
+    output = helper.make_tensor_value_info("c", TensorProto.FLOAT, shape)
+    return helper.make_model(helper.make_graph([node], "add", inputs, [output]))
+
+
+def test_backend_runs_lists_dicts_nodes_and_symbolic_shapes() -> None:
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((2, 3), np.float32)
+    rep = GlcompBackend.prepare(_add_model(), "CPU")
+    np.testing.assert_array_equal(rep.run([a, b])[0], a + b)
+    np.testing.assert_array_equal(rep.run({"b": b, "a": a})["c"], a + b)
+    node = onnx.helper.make_node("Mul", ["x", "y"], ["z"])
+    np.testing.assert_array_equal(GlcompBackend.run_node(node, [a, a])[0], a * a)
+    # A symbolic batch dimension compiles one program per batch size seen.
+    rep = GlcompBackend.prepare(_add_model((None, 3)))
+    for n in (1, 4):
+        x = np.full((n, 3), 2.0, np.float32)
+        np.testing.assert_array_equal(rep.run([x, x])[0], 2 * x)
+    assert len(rep._programs) == 2
+    assert GlcompBackend.supports_device("GL") and not GlcompBackend.supports_device("CUDA")
+
+
+def test_backend_refuses_bad_arguments_naming_them() -> None:
+    a = np.ones((2, 3), np.float32)
+    with pytest.raises(GlcompError, match=r"device 'CUDA' is not one of \['CPU', 'GL'\]"):
+        GlcompBackend.prepare(_add_model(), "CUDA")
+    with pytest.raises(GlcompError, match=r"runtime 'webgpu' is not one of"):
+        GlcompBackend.prepare(_add_model(), runtime="webgpu")
+    with pytest.raises(GlcompError, match=r"prepare takes an onnx.ModelProto, not str"):
+        GlcompBackend.prepare("model.onnx")
+    rep = GlcompBackend.prepare(_add_model())
+    with pytest.raises(GlcompError, match=r"inputs \['b'\] are missing"):
+        rep.run([a])
+    with pytest.raises(GlcompError, match=r"unknown inputs \['z'\]"):
+        rep.run({"a": a, "b": a, "z": a})
+    with pytest.raises(GlcompError, match=r"input 'a' has shape \(3, 3\) but the ONNX model declares \(2, 3\)"):
+        rep.run([np.ones((3, 3), np.float32), np.ones((3, 3), np.float32)])
+    big = np.full((2, 3), 2**25, np.int64)
+    with pytest.raises(GlcompError, match=r"integer input 'a' holds values beyond 2\*\*24"):
+        rep.run([big, big])
