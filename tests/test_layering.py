@@ -22,6 +22,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -196,3 +197,31 @@ def test_codegen_lowers_the_ir_program_not_the_facade() -> None:
     assert lowered.manifest["states"] == built.manifest["states"]
     assert prog.compile_options is prog.compile_options  # parsed once
     assert prog.compile_options.target == "webgl1"
+
+
+def test_options_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """glcomp.compile parses the options at the boundary; lowering, running and saving the
+    program never parse them again."""
+    from glcomp.codegen.options import CompileOptions
+
+    calls = []
+    real = CompileOptions.parse.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type, options: Any) -> Any:
+        calls.append(dict(options))
+        return real(cls, options)
+
+    monkeypatch.setattr(CompileOptions, "parse", classmethod(counting))
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    prog = glcomp.compile(
+        model,
+        {"x": (2, 4)},
+        loss=nn.CrossEntropyLoss(),
+        optimizer=glcomp.optim.SGD(lr=0.1),
+        passes={"mrt": False},
+    )
+    prog.runtime("reference")
+    prog.bundle()
+    prog.with_state(lr=0.5).bundle()
+    assert len(calls) == 1, calls
+    assert calls[0] == {"passes": {"mrt": False}, "target": "webgl2"}
