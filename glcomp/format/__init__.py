@@ -1,6 +1,10 @@
 """The bundle format, shared by the code generator and every runtime (it imports no part of
-either): the manifest's JSON Schema (manifest.schema.json), the small JSON Schema interpreter
-that both this package and the browser runtime use, and the manifest's validation."""
+either): `Bundle` and the format's version (format.bundle), reading and writing bundle
+directories (format.store), the manifest's JSON Schema and validation (format.manifest), the
+program.json schema and checks (format.program), untrusted shaders (format.shaders), JSON and
+safetensors parsing (format.parse), the packing rule (format.packing) and the small JSON Schema
+interpreter that both this package and the browser runtime use (format.jsonschema). See
+docs/bundle-format.md."""
 
 from glcomp.format.jsonschema import Validator, state_name_ok
 from glcomp.format.manifest import (
