@@ -23,7 +23,8 @@ The module trains like any other (``glcomp.compile(model, {"x": shape}, loss, op
 - Ops with no primitive of their own are compositions of primitives: Pad (reflect, edge, wrap) of
   slices and concatenation, Split and Tile of slices and broadcasts, LRN of shifted channel
   slices, InstanceNormalization of reductions; 1-D Conv, ConvTranspose, MaxPool and AveragePool
-  run as 2-D ones over a unit height; asymmetric pooling pads are explicit padding (edge values
+  run as 2-D ones over a unit height; ``auto_pad=SAME_UPPER|SAME_LOWER`` of Conv and the pools
+  becomes explicit pads; asymmetric pooling pads are explicit padding (edge values
   for MaxPool), dilated MaxPool samples every d-th element (strides a multiple of the dilation).
 - glcomp computes in float32. Float64 (and float16) inputs and initializers are cast to float32:
   results agree with float64 references to about 1e-6 relative per operation, and an input value
@@ -849,7 +850,39 @@ def _one_d(handler: Handler) -> Handler:
     return run
 
 
+def _auto_pad(handler: Handler) -> Handler:
+    """Run `handler` with ``auto_pad=SAME_UPPER|SAME_LOWER`` turned into explicit pads: per
+    spatial axis the output is ceil(in / stride) and the padding that needs is split evenly,
+    the odd one at the end (SAME_UPPER) or at the beginning (SAME_LOWER)."""
+
+    def run(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
+        auto = node.attr("auto_pad", "NOTSET")
+        if auto not in ("SAME_UPPER", "SAME_LOWER") or not isinstance(x[0], Tensor):
+            return handler(m, node, x)
+        spatial = x[0].shape[2:]
+        if node.op == "Conv" and len(x) > 1 and x[1] is not None:
+            kernel = [int(k) for k in _shape(x[1])[2:]]
+        else:
+            kernel = [int(k) for k in node.attr("kernel_shape", [])]
+        strides = [int(v) for v in node.attr("strides", [1] * len(spatial))]
+        dilations = [int(v) for v in node.attr("dilations", [1] * len(spatial))]
+        if not len(kernel) == len(strides) == len(dilations) == len(spatial):
+            raise node.fail(f"auto_pad={auto!r} with kernel {kernel} for input {x[0].shape}")
+        begins, ends = [], []
+        for n, k, st, d in zip(spatial, kernel, strides, dilations):
+            total = max((-(-n // st) - 1) * st + (k - 1) * d + 1 - n, 0)
+            small, large = total // 2, total - total // 2
+            begins.append(small if auto == "SAME_UPPER" else large)
+            ends.append(large if auto == "SAME_UPPER" else small)
+        twin = copy.copy(node)
+        twin.attrs = {**node.attrs, "auto_pad": "NOTSET", "pads": begins + ends}
+        return handler(m, twin, x)
+
+    return run
+
+
 @_op("Conv")
+@_auto_pad
 @_one_d
 def _conv(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     t = _need_tensor(node, x[0])
@@ -924,6 +957,7 @@ def _explicit_pads(node: _Node) -> list[int]:
 
 
 @_op("MaxPool", "AveragePool")
+@_auto_pad
 @_one_d
 def _pool(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     """Symmetric pads of at most half the kernel go to the pool primitives; other pads are

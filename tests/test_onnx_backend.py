@@ -179,12 +179,12 @@ UNSUPPORTED_TYPES: tuple[str, ...] = (
 )
 
 _CEIL = r"ceil_mode=1 is not supported"
-_AUTO_PAD = r"auto_pad='SAME_(UPPER|LOWER)' is not supported; export with explicit pads"
+_AUTO_PAD = r"auto_pad='SAME_UPPER' is not supported; export with explicit pads"  # ConvTranspose's
 _NOT_3D = r"only (1-D and )?2-D spatial inputs"
 _EMPTY = r"every dimension must be positive"
 _NO_INPUT = r"no graph input is computed"
 _RESIZE = r"only mode 'nearest' with coordinate_transformation_mode 'asymmetric'"
-PASSING = 435  # cases that pass on the reference runtime
+PASSING = 442  # cases that pass on the reference runtime
 _UNCOMPUTED = r"graph output 'z' is not a tensor computed from the inputs"  # masks, argmax indices
 
 
@@ -199,15 +199,7 @@ EXPECTED_FAILURES: dict[str, str] = {
         _names("test_averagepool_2d_", "ceil", "ceil_last_window_starts_on_pad", "dilations"), _CEIL
     ),
     **dict.fromkeys(_names("test_maxpool_2d_", "ceil", "ceil_output_size_reduce_by_one"), _CEIL),
-    **dict.fromkeys(
-        [
-            *_names("test_averagepool_2d_", "precomputed_same_upper", "same_lower", "same_upper"),
-            *_names("test_maxpool_2d_", "precomputed_same_upper", "same_lower", "same_upper"),
-            "test_conv_with_autopad_same",
-            "test_convtranspose_autopad_same",
-        ],
-        _AUTO_PAD,
-    ),
+    "test_convtranspose_autopad_same": _AUTO_PAD,
     **dict.fromkeys(
         [
             "test_averagepool_3d_default",
@@ -435,6 +427,7 @@ GL_CASES = (
     "test_conv_with_strides_padding",
     "test_convtranspose_pads",
     "test_maxpool_2d_pads",
+    "test_maxpool_2d_same_lower",
     "test_averagepool_2d_strides",
     "test_globalaveragepool",
     "test_batchnorm_epsilon_training_mode",
@@ -696,7 +689,9 @@ def test_backend_refuses_bad_arguments_naming_them() -> None:
         rep.run([a])
     with pytest.raises(GlcompError, match=r"unknown inputs \['z'\]"):
         rep.run({"a": a, "b": a, "z": a})
-    with pytest.raises(GlcompError, match=r"input 'a' has shape \(3, 3\) but the ONNX model declares \(2, 3\)"):
+    with pytest.raises(
+        GlcompError, match=r"input 'a' has shape \(3, 3\) but the ONNX model declares \(2, 3\)"
+    ):
         rep.run([np.ones((3, 3), np.float32), np.ones((3, 3), np.float32)])
     big = np.full((2, 3), 2**25, np.int64)
     with pytest.raises(GlcompError, match=r"integer input 'a' holds values beyond 2\*\*24"):

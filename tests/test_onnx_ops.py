@@ -339,7 +339,6 @@ def test_one_d(op: str, attrs: dict[str, Any], w_shape: tuple[int, ...] | None, 
     ("attrs", "match"),
     [
         ({"kernel_shape": [2, 2], "ceil_mode": 1}, r"ceil_mode=1 is not supported"),
-        ({"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}, r"auto_pad='SAME_UPPER' is not supported"),
         (
             {"kernel_shape": [2, 2], "dilations": [2, 2], "strides": [3, 3]},
             r"dilations \[2, 2\] are supported only",
