@@ -11,6 +11,7 @@ import itertools
 import math
 import operator
 from collections.abc import Callable
+from itertools import product
 from typing import Any
 
 import numpy as np
@@ -140,6 +141,53 @@ def o_floor(a: np.ndarray) -> np.ndarray:
     return np.vectorize(lambda v: float(math.floor(v)))(a).astype(a.dtype)
 
 
+def o_preprocess(
+    sheet: np.ndarray,
+    batch: int,
+    source: Any,
+    columns: int,
+    size: Any,
+    mode: str,
+    grey: bool,
+    top: int,
+    left: int,
+    offset: Any,
+    gain: Any,
+) -> np.ndarray:
+    """From the definition in float64: the bytes round(255 v) of each frame, resized with bilinear
+    taps from the continuous source position rounded to sixteenths, or cropped, then grey
+    (77 R + 150 G + 29 B) / 256 or RGB, then (p - offset) * gain."""
+    hs, ws = source
+    h, w = size
+    k = np.floor(sheet.astype(np.float64) * 255 + 0.5)
+    frames = [k[n // columns, :hs, (n % columns) * ws : (n % columns + 1) * ws, :3] for n in range(batch)]
+    out = np.zeros((batch, 1 if grey else 3, h, w))
+    for n, frame in enumerate(frames):
+        for i in range(h):
+            for j in range(w):
+                if mode == "resize":
+                    pix = np.zeros(3)
+                    for (y, fy), (x, fx) in product(_taps(i, h, hs), _taps(j, w, ws)):
+                        pix += frame[y, x] * fy * fx
+                else:
+                    pix = frame[top + i, left + j]
+                value = [pix @ np.array([77, 150, 29]) / 256] if grey else pix
+                for c, v in enumerate(value):
+                    out[n, c, i, j] = (v - offset[c]) * gain[c]
+    return out
+
+
+def _taps(i: int, out: int, src: int) -> list[tuple[int, float]]:
+    """Source rows and weights of output row i: half-pixel centres, the position rounded to
+    sixteenths, clamped at both ends."""
+    pos = max((i + 0.5) * src / out - 0.5, 0.0)
+    q = math.floor(pos * 16 + 0.5)
+    lo, f = q // 16, (q % 16) / 16
+    if lo >= src - 1:
+        return [(src - 1, 1.0)]
+    return [(lo, 1 - f), (lo + 1, f)]
+
+
 def o_affine_gather(x: np.ndarray, m: np.ndarray, size: Any, fill: float) -> np.ndarray:
     """Per output pixel, Python integer arithmetic: the source pixel the floored map sends its
     centre (2j + 1 - OW, 2i + 1 - OH half pixels from the centre) to, or `fill` outside."""
@@ -217,15 +265,17 @@ def o_conv2d_input_grad(
 
 
 def o_conv2d_weight_grad(
-    x: np.ndarray, g: np.ndarray, stride: Any, padding: Any, kernel_hw: Any, groups: int = 1
+    x: np.ndarray, g: np.ndarray, stride: Any, padding: Any, kernel_hw: Any, groups: int = 1, parts: int = 1
 ) -> np.ndarray:
     o, cg = g.shape[1], x.shape[1] // groups
-    out = np.zeros((o, cg, *kernel_hw))
+    rows = -(-g.shape[0] * g.shape[2] // parts)  # (image, output row) pairs per part
+    out = np.zeros((parts * o, cg, *kernel_hw))
     for b, f, oh, ow in each(g.shape):
         first = f // (o // groups) * cg
+        part = (b * g.shape[2] + oh) // rows
         for i, j, h, v in window(oh, ow, kernel_hw, stride, padding, x.shape[2:]):
             for ch in range(cg):
-                out[f, ch, i, j] += x[b, first + ch, h, v] * g[b, f, oh, ow]
+                out[part * o + f, ch, i, j] += x[b, first + ch, h, v] * g[b, f, oh, ow]
     return out
 
 
@@ -279,6 +329,7 @@ ORACLES: dict[str, Callable[..., np.ndarray]] = {
     "hash_uniform": o_hash_uniform,
     "floor": o_floor,
     "affine_gather": o_affine_gather,
+    "preprocess": o_preprocess,
     "erf": per_element(math.erf),
     "neg": per_element(lambda a: -a),
     "exp": per_element(math.exp),

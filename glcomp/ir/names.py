@@ -125,5 +125,5 @@ def check_inspect_names(
     known = set(states).union(*(n.keys() for n in nodes.values()))
     for name in names:
         if name not in known:
-            raise GlcompError(f"inspect: no tensor named {name!r} in the program; {near_names(name, known)}")
+            raise GlcompError(f"inspect: no tensor named {name!r} in the program ({near_names(name, known)})")
     return nodes

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from glcomp.codegen.families.base import Lowering, RenderContext, Shapes, Texture, register
+from glcomp.ir.ops.conv import part_rows
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,9 @@ def weight_grad_root(r: RenderContext, n: int) -> dict[str, Any]:
     ins = g.operands(n)
     x, gs = (g.shape(i) for i in ins)
     spec = window_spec(g.attrs(n)) | group_spec(g.attrs(n), x[1], gs[1])
-    spec |= {"N": x[0], "H": x[2], "W": x[3], "OH": gs[2], "OW": gs[3]}
+    parts = g.attrs(n).get("parts", 1)
+    spec |= {"N": x[0], "H": x[2], "W": x[3], "OH": gs[2], "OW": gs[3], "O": gs[1]}
+    spec |= {"P": parts, "L": part_rows(x[0] * gs[2], parts)}
     return spec | {"x": r.fn(ins[0]), "g": r.fn(ins[1])}
 
 
@@ -141,10 +144,17 @@ def _extent(*axes: tuple[int, int]) -> Any:
     return extent
 
 
+def _weight_grad_extent(shapes: Shapes, attrs: dict[str, Any]) -> int:
+    """The weight gradient's loop: the (image, output position) terms of one part."""
+    g = shapes[1]
+    return part_rows(g[0] * g[2], attrs.get("parts", 1)) * g[3]
+
+
 def _input_grad_extent(shapes: Shapes, attrs: dict[str, Any]) -> int:
-    """The input gradient's loop: the output channels of one group times the window."""
-    w = shapes[1]
-    return w[0] // attrs.get("groups", 1) * w[2] * w[3]
+    """The input gradient's loop: the output channels of one group times the taps that can land
+    on one input position (ceil(KH / SH) x ceil(KW / SW))."""
+    w, (sh, sw) = shapes[1], attrs["stride"]
+    return w[0] // attrs.get("groups", 1) * -(-w[2] // sh) * -(-w[3] // sw)
 
 
 register(
@@ -169,7 +179,7 @@ register(
     Lowering(
         "conv2d_weight_grad",
         "conv2d_weight_grad",
-        loop_extent=_extent((0, 0), (1, 2), (1, 3)),
+        loop_extent=_weight_grad_extent,
         root=weight_grad_root,
         root4=weight_grad_root4,
     )

@@ -23,7 +23,6 @@ from glcomp.codegen.loops import FRAGMENT_LOOP_BUDGET, fragment_iterations
 from glcomp.codegen.target import Target
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
-from glcomp.ir.passes.split_weight_grads import parallel_group
 
 LOOKBACK = 8  # how many earlier draws a kernel may join
 
@@ -172,8 +171,6 @@ def _try_merge(
     roots = g.roots + k.roots
     if any(layouts[r].pages > 1 for r in roots):
         return None
-    if {parallel_group(graph, r) for r in g.roots} & {parallel_group(graph, r) for r in k.roots} - {None}:
-        return None  # parts of one split weight gradient: one draw would serialise their loops again
     if _has_fused_loop(graph, g) or _has_fused_loop(graph, k):
         # Cost, not correctness: an epilogue's fused loop runs a whole texel per fragment (root4)
         # only as the single target of its draw; in a group it would run per element, 4x the

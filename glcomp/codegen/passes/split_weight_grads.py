@@ -1,10 +1,11 @@
-"""split_weight_grads: long convolution weight gradients with small outputs as partial gradients
-over batch chunks, added up.
+"""split_weight_grads: long convolution weight gradients with small outputs as partial sums
+computed side by side in one draw, then added.
 
-The rewrite is the IR's (glcomp.ir.passes.split_weight_grads), run before kernel planning so
-that each part becomes a kernel of its own (tagged ``"parallel"``, so the mrt pass keeps the
-parts in separate draws). The outputs are the same up to the order of additions. Off with
-``passes={"split_weight_grads": False}``; a graph with nothing to split is handed on as it is.
+The rewrite is the IR's (glcomp.ir.passes.split_weight_grads), run before kernel planning: the
+partials are one primitive (``conv2d_weight_grad`` with ``parts``), so one kernel, and their sum
+fuses into its reader. Which gradients are split depends on the layers, not the batch size. The
+outputs are the same up to the order of additions. Off with ``passes={"split_weight_grads":
+False}``; a graph with nothing to split is handed on as it is.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ gradient of each is written with the other two, so the family is closed under di
 ``groups`` (an attribute, 1 when absent) splits the channels into G groups: output channel o reads
 the C / G input channels of its group o // (O / G) only, and the weight is (O, C / G, KH, KW), as in
 torch. A depthwise convolution is groups = C: one primitive (one kernel) for every group.
+conv2d_weight_grad's ``parts`` (1 when absent) stacks partial gradients over consecutive chunks of
+its reduction (see `part_rows`) along the output channels, for the code generator's split of long
+weight gradients; they sum to the gradient.
 """
 
 from __future__ import annotations
@@ -173,33 +176,78 @@ register(
 
 
 # -- conv2d_weight_grad: adjoint in w --------------------------------------------------------------
-def weight_grad_shape(x, g, stride, padding, kernel_hw, groups=1):
+def part_rows(rows: int, parts: int) -> int:
+    """Rows (image, output row) pairs of a weight gradient's reduction per part: part s reduces
+    rows [s * L, min((s + 1) * L, rows)) of the N * OH rows, L = ceil(rows / parts)."""
+    return -(-rows // parts)
+
+
+def weight_grad_shape(x, g, stride, padding, kernel_hw, groups=1, parts=1):
     if len(x) != 4 or len(g) != 4 or x[0] != g[0]:
         raise GlcompError(f"conv2d_weight_grad: input {x} does not match gradient {g}")
     _groups(groups, x[1], g[1])
     if conv_out_hw(x[2:], kernel_hw, stride, padding) != tuple(g[2:]):
         raise GlcompError(f"conv2d_weight_grad: gradient {g} does not match input {x}")
-    return (g[1], x[1] // groups, *kernel_hw)
+    if not isinstance(parts, int) or not 1 <= parts <= g[0] * g[2]:
+        raise GlcompError(f"conv2d_weight_grad: parts={parts!r} must be between 1 and N * OH = {g[0] * g[2]}")
+    return (parts * g[1], x[1] // groups, *kernel_hw)
 
 
-def weight_grad_ref(x, g, stride, padding, kernel_hw, groups=1):
+def weight_grad_ref(x, g, stride, padding, kernel_hw, groups=1, parts=1):
     cols = grouped(windows(x, kernel_hw, stride, padding), 1, groups)
-    out = np.einsum("ngchwij,ngohw->gocij", cols, grouped(g, 1, groups))
-    return out.reshape(-1, *out.shape[2:]).astype(x.dtype)
+    gg = grouped(g, 1, groups)
+    if parts == 1:
+        out = np.einsum("ngchwij,ngohw->gocij", cols, gg)
+        return out.reshape(-1, *out.shape[2:]).astype(x.dtype)
+    n, oh = g.shape[0], g.shape[2]
+    rows = part_rows(n * oh, parts)
+    row = np.arange(n)[:, None] * oh + np.arange(oh)[None, :]  # (n, oh): the reduction row
+    outs = []
+    for s in range(parts):
+        keep = ((row >= s * rows) & (row < (s + 1) * rows)).astype(g.dtype)[:, None, None, :, None]
+        out = np.einsum("ngchwij,ngohw->gocij", cols, gg * keep)
+        outs.append(out.reshape(-1, *out.shape[2:]))
+    return np.concatenate(outs).astype(x.dtype)
 
 
-def weight_grad_grad(u, out, x, g, stride, padding, kernel_hw, groups=1):
+def weight_grad_grad(u, out, x, g, stride, padding, kernel_hw, groups=1, parts=1):
     from glcomp.ir.tensor import prim
 
     kw = _group_kw(groups)
+    if parts != 1:
+        return _parts_grad(u, x, g, stride, padding, kw, parts)
     gx = prim("conv2d_input_grad", g, u, stride=stride, padding=padding, input_hw=x.shape[2:], **kw)
     gg = prim("conv2d", x, u, stride=stride, padding=padding, **kw)
     return gx, gg
 
 
+def _parts_grad(u, x, g, stride, padding, kw, parts):
+    """The gradient of stacked partial weight gradients: part s is the weight gradient of g
+    masked to its rows (image, output row), so each part's cotangent u_s reaches x through that
+    masked g and g through its rows only."""
+    from glcomp.ir.tensor import const, prim, reshape
+
+    n, o, oh = g.shape[0], g.shape[1], g.shape[2]
+    rows = part_rows(n * oh, parts)
+    gx = gg = None
+    for s in range(parts):
+        start, stop = s * rows, min((s + 1) * rows, n * oh)
+        if start >= stop:
+            continue
+        ones = const(g.graph, 1.0, (stop - start,))
+        mask = reshape(prim("pad", ones, before=(start,), after=(n * oh - stop,)), (n, 1, oh, 1))
+        us = u[s * o : (s + 1) * o]
+        hw = x.shape[2:]
+        px = prim("conv2d_input_grad", g * mask, us, stride=stride, padding=padding, input_hw=hw, **kw)
+        pg = prim("conv2d", x, us, stride=stride, padding=padding, **kw) * mask
+        gx, gg = (px, pg) if gx is None else (gx + px, gg + pg)
+    return gx, gg
+
+
 def sample_weight_grad(draw):
     x, w, y, attrs = _conv_case(draw)
-    return [x, y], attrs | {"kernel_hw": w[2:]}
+    parts = draw(st().integers(1, min(3, y[0] * y[2])))
+    return [x, y], attrs | {"kernel_hw": w[2:], "parts": parts}
 
 
 register(
@@ -211,7 +259,7 @@ register(
         weight_grad_grad,
         2,
         sample=sample_weight_grad,
-        attrs=("stride", "padding", "kernel_hw", "groups"),
+        attrs=("stride", "padding", "kernel_hw", "groups", "parts"),
         rereads=True,
     )
 )

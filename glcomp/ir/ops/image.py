@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from glcomp.errors import GlcompError
+from glcomp.ir.ops._samples import st
 from glcomp.ir.ops.registry import Op, register
 
 MODES = ("resize", "crop", "center_crop")
@@ -91,12 +92,11 @@ def bilinear_taps(out: int, src: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return lo, np.minimum(lo + 1, src - 1), frac
 
 
-def preprocess_ref(
-    sheet, batch, source, columns, size, mode, grey, top, left, offset, gain, dtype=np.float32
-):
+def preprocess_ref(sheet, batch, source, columns, size, mode, grey, top, left, offset, gain, dtype=None):
     """The frames of the sheet resized or cropped, turned grey or kept RGB and normalised, as
-    (N, C, h, w) float32, with the shader's exact arithmetic."""
-    f32 = np.float32
+    (N, C, h, w) float32, with the shader's exact arithmetic (in float64 for a float64 sheet, as
+    the other references follow their inputs' precision)."""
+    f32 = np.float64 if np.asarray(sheet).dtype == np.float64 else np.float32
     hs, ws = source
     h, w = size
     k = np.floor(np.asarray(sheet, f32) * f32(255) + f32(0.5))
@@ -119,7 +119,28 @@ def preprocess_ref(
         units *= 256
     p = v * f32(1.0 / units)  # exact: a power of two
     out = (p - np.asarray(offset, f32)) * np.asarray(gain, f32)
-    return np.ascontiguousarray(out.transpose(0, 3, 1, 2)).astype(dtype)
+    return np.ascontiguousarray(out.transpose(0, 3, 1, 2)).astype(f32 if dtype is None else dtype)
+
+
+def sample_preprocess(draw):
+    """A small frame sheet and any valid preprocessing of it."""
+    batch = draw(st().integers(1, 3))
+    hs, ws = draw(st().integers(1, 5)), draw(st().integers(1, 5))
+    q, hp, wt, columns = frame_sheet(batch, hs, ws)
+    sheet = (q, hp, wt, 4)
+    mode = draw(st().sampled_from(MODES))
+    if mode == "resize":
+        h, w, top, left = draw(st().integers(1, 5)), draw(st().integers(1, 5)), 0, 0
+    else:
+        h, w = draw(st().integers(1, hs)), draw(st().integers(1, ws))
+        top, left = draw(st().integers(0, hs - h)), draw(st().integers(0, ws - w))
+    grey = draw(st().booleans())
+    values = st().floats(-2.0, 2.0, width=32)
+    channels = 1 if grey else 3
+    offset = [draw(values) for _ in range(channels)]
+    gain = [draw(values) for _ in range(channels)]
+    attrs = {"batch": batch, "source": (hs, ws), "columns": columns, "size": (h, w), "mode": mode}
+    return [sheet], attrs | {"grey": grey, "top": top, "left": left, "offset": offset, "gain": gain}
 
 
 register(
@@ -130,6 +151,7 @@ register(
         preprocess_ref,
         lambda g, out, sheet, **attrs: (None,),  # frames are data, never differentiated
         smooth=False,
+        sample=sample_preprocess,
         attrs=("batch", "source", "columns", "size", "mode", "grey", "top", "left", "offset", "gain"),
         # Up to 12 texel reads and a few dozen integer operations an element: readers that read
         # an element many times (convolutions) read it stored, not recomputed.

@@ -1,22 +1,19 @@
-"""Split long convolution weight gradients over batch chunks, so their loops run in parallel.
+"""Split long convolution weight gradients into partial sums computed side by side in one draw.
 
 A convolution's weight gradient ``conv2d_weight_grad(x[N,C,H,W], g[N,O,OH,OW])`` has few outputs
 (O*C*KH*KW) and a long reduction (N*OH*OW terms each): a fragment shader computes one output
-texel per fragment, so a few hundred fragments each loop over the whole batch, and a large GPU
-sits almost idle. This pass computes S partial weight gradients over contiguous batch chunks
-(each reads ``x[n0:n1]`` and ``g[n0:n1]``, views of the same stored textures) and adds them:
+texel per fragment, so a few thousand fragments each loop over the whole batch, and a large GPU
+sits almost idle. This pass computes P partial gradients, each over consecutive (image, output
+row) pairs of the reduction, as one primitive (``parts=P``: the partials stacked along the output
+channels, one draw with P times the fragments and loops P times shorter), and sums them:
 
-    conv2d_weight_grad(x, g)  ->  wg(x[0:n1], g[0:n1]) + wg(x[n1:n2], g[n1:n2]) + ...
+    conv2d_weight_grad(x, g)  ->  sum(reshape(conv2d_weight_grad(x, g, parts=P), (P, O, C, KH, KW)), 0)
 
-S times as many fragments run loops S times shorter. The sum of the partials is an add tree: the
-code generator fuses it into its reader (an optimizer update reads the S partials, one of them
-computed inline as the update's epilogue), or, where the sum is a value of its own and the
-target blends float render targets, the partials render into one texture with additive
-blending (the blend pass), so no summing draw runs at all.
-
-The parts of one split are tagged (node field ``"parallel"``: the id of the weight gradient they
-replace) so that MRT fusion keeps them in separate draws: merging them would serialise in one
-fragment the loops the split spread over many.
+The sum reads P values per weight; the code generator fuses it into its reader (an optimizer
+update). Which gradients are split depends on the layer, not on the batch: a gradient is split
+when one image contributes at least `PER_IMAGE` terms (OH*OW) and it has at most `FEW` outputs,
+so a bundle has the same draws at every batch size; only P grows with the batch (about `CHUNK`
+terms per part, at most `MAX_PARTS` parts).
 """
 
 from __future__ import annotations
@@ -25,73 +22,49 @@ import math
 
 from glcomp.ir.graph import Graph, origin
 
-LONG = 2048  # weight gradients whose reduction (N*OH*OW) is at least this long are split...
-FEW = 16384  # ...when they have at most this many outputs (O*C*KH*KW)...
+PER_IMAGE = 64  # weight gradients whose reduction has at least this many terms per image (OH*OW)...
+FEW = 1 << 18  # ...and at most this many outputs (O*C*KH*KW) are split...
 CHUNK = 1024  # ...into parts reducing about this many terms each...
-MAX_PARTS = 8  # ...but at most this many parts (each one is a draw) and at most one per image.
+MAX_PARTS = 32  # ...but at most this many parts (each adds the outputs' size of partials).
 
 
-def parts(batch: int, extent: int) -> int:
-    """How many batch chunks a weight gradient over `batch` images and `extent` reduced terms is
-    split into: ceil(extent / CHUNK), at most MAX_PARTS and at most `batch`."""
-    return max(1, min(MAX_PARTS, batch, -(-extent // CHUNK)))
-
-
-def chunks(batch: int, count: int) -> list[tuple[int, int]]:
-    """`count` contiguous [start, stop) ranges covering range(batch), sizes differing by at most
-    one (the larger ones first)."""
-    size, extra = divmod(batch, count)
-    out, start = [], 0
-    for k in range(count):
-        stop = start + size + (k < extra)
-        out.append((start, stop))
-        start = stop
-    return out
-
-
-def _batch_slice(graph: Graph, n: int, start: int, stop: int) -> int:
-    shape = graph.shape(n)
-    return graph.add("slice", [n], starts=(start, *(0,) * (len(shape) - 1)), stops=(stop, *shape[1:]))
+def parts(rows: int, extent: int) -> int:
+    """How many parts a weight gradient over `rows` (image, output row) pairs and `extent` reduced
+    terms is split into: ceil(extent / CHUNK), at least 1, at most MAX_PARTS and `rows`."""
+    return max(1, min(MAX_PARTS, rows, -(-extent // CHUNK)))
 
 
 def _count(graph: Graph, n: int) -> int:
-    """How many parts weight gradient `n` is split into (below 2: it is left alone)."""
-    x, g = graph.operands(n)
-    extent = graph.shape(g)[0] * graph.shape(g)[2] * graph.shape(g)[3]
-    if extent < LONG or math.prod(graph.shape(n)) > FEW:
+    """How many parts weight gradient `n` is split into (0: it is left alone)."""
+    if graph.attrs(n).get("parts", 1) != 1:
         return 0
-    return parts(graph.shape(x)[0], extent)
+    g = graph.shape(graph.operands(n)[1])
+    if g[2] * g[3] < PER_IMAGE or math.prod(graph.shape(n)) > FEW:
+        return 0
+    return parts(g[0] * g[2], g[0] * g[2] * g[3])
 
 
 def _split(graph: Graph, n: int) -> int | None:
     count = _count(graph, n)
-    if count < 2:
+    if not count:
         return None
-    x, g = graph.operands(n)
-    attrs = graph.attrs(n)
-    terms = []
+    shape = graph.shape(n)
     with origin(graph.node(n)["origin"]):
-        for start, stop in chunks(graph.shape(x)[0], count):
-            xs, gs = _batch_slice(graph, x, start, stop), _batch_slice(graph, g, start, stop)
-            part = graph.add("conv2d_weight_grad", [xs, gs], **attrs)
-            graph.node(part)["parallel"] = n
-            terms.append(part)
-        while len(terms) > 1:  # a balanced add tree: rounding error grows with its depth
-            pairs = [graph.add("add", terms[k : k + 2]) for k in range(0, len(terms) - 1, 2)]
-            terms = pairs + terms[len(terms) - len(terms) % 2 :]
-    return terms[0]
+        part = graph.add("conv2d_weight_grad", list(graph.operands(n)), **graph.attrs(n), parts=count)
+        stacked = graph.add("reshape", [part], shape=(count, *shape))
+        total = graph.add("sum", [stacked], axes=(0,))
+        return graph.add("reshape", [total], shape=shape)
 
 
 def split_weight_grads(graph: Graph) -> Graph:
-    """After this pass no ``conv2d_weight_grad`` reduces `LONG` or more terms into at most `FEW`
-    outputs over a batch of two or more images: each is replaced by `parts` partial weight
-    gradients over contiguous batch `chunks` and a balanced add tree of them.
+    """After this pass every ``conv2d_weight_grad`` with at least `PER_IMAGE` terms per image and
+    at most `FEW` outputs is computed in `parts` partial sums by one primitive and summed.
 
     Requires a valid graph; the result computes the same outputs up to the order of additions
-    and is pruned of the nodes it replaced. Every part carries ``"parallel"``: the replaced id.
-    A graph with nothing to split is returned as it is (not copied).
+    and is pruned of the nodes it replaced. A graph with nothing to split is returned as it is
+    (not copied).
     """
-    if not any(graph.op(n) == "conv2d_weight_grad" and _count(graph, n) >= 2 for n in graph.g):
+    if not any(graph.op(n) == "conv2d_weight_grad" and _count(graph, n) for n in graph.g):
         return graph
     out = graph.copy()
     for n in out.topo():
@@ -101,8 +74,3 @@ def split_weight_grads(graph: Graph) -> Graph:
                 out.replace_uses(n, new)
     out.prune_in_place()
     return out
-
-
-def parallel_group(graph: Graph, n: int) -> int | None:
-    """The id of the weight gradient that `n` is a part of (see `split_weight_grads`), or None."""
-    return graph.node(n).get("parallel")
