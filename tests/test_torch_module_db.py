@@ -12,6 +12,7 @@ a counterpart are `NOT_IN_GLCOMP`, checked against glcomp.nn so the list stays t
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 import warnings
@@ -201,9 +202,11 @@ def _modules(info: Any, sample: Any) -> tuple[Any, gnn.Module]:
     return tmodel, gmodel.eval()
 
 
-def run_sample(key: str) -> None:
+def run_sample(key: str, runtime: Any = None) -> None:
     """Forward (and, where the module has parameters and one output, parameter gradients) of
-    glcomp's module against torch's on the sample; asserts they agree."""
+    glcomp's module against torch's on the sample; asserts they agree. `runtime` makes the
+    runtime from a Program as a context manager (the GL fixture); None: the reference runtime."""
+    runtime = runtime or contextlib.nullcontext
     info, sample = SAMPLES[key]
     tmodel, gmodel = _modules(info, sample)
     fwd = sample.forward_input
@@ -211,7 +214,8 @@ def run_sample(key: str) -> None:
     with torch.no_grad():
         expected = _flat(tmodel(*fwd.args, **fwd.kwargs))
     program = glcomp.compile(call, call.shapes)
-    got = program.runtime("reference").predict(**call.feeds)
+    with runtime(program.runtime("reference") if runtime is contextlib.nullcontext else program) as rt:
+        got = rt.predict(**call.feeds)
     got = {"output": got} if isinstance(got, np.ndarray) else got
     for name, value in expected.items():
         assert got[name].shape == value.shape, (key, name)
@@ -224,7 +228,8 @@ def run_sample(key: str) -> None:
     tmodel.zero_grad()
     (tmodel(*fwd.args, **fwd.kwargs) * torch.from_numpy(r)).sum().backward()
     program = glcomp.compile(call, call.shapes, loss=lambda out, y: (out * y).sum(), target_spec=r.shape)
-    grads = program.runtime("reference").gradients(**call.feeds, y=r)
+    with runtime(program.runtime("reference") if runtime is contextlib.nullcontext else program) as rt:
+        grads = rt.gradients(**call.feeds, y=r)
     for name, p in params.items():
         np.testing.assert_allclose(
             grads[f"m.{name}"], p.grad.numpy(), rtol=1e-3, atol=1e-4, err_msg=f"{key} grad {name}"
@@ -253,3 +258,28 @@ def test_module_sample(key: str) -> None:
 
 
 PASSING = 290  # samples that match torch on the reference runtime
+
+
+# Samples also run on GL: one or more per module family (forward and gradients on shaders).
+GL_SAMPLES = (
+    "Linear-1-no_bias",
+    "Conv2d-0",
+    "ConvTranspose2d-0",
+    "BatchNorm2d-0",
+    "LayerNorm-0-1d_elementwise_affine",
+    "MaxPool2d-1-4d_input",
+    "AvgPool2d-2-stride",
+    "Embedding-0",
+    "GRU-0",
+    "LSTMCell-0",
+    "MultiheadAttention-24",
+    "TransformerEncoderLayer-0-relu_activation",
+    "CrossEntropyLoss-2-2d__mean",
+    "Mish-0",
+)
+
+
+@pytest.mark.parametrize("key", GL_SAMPLES)
+def test_module_sample_on_gl(key: str, gl_runtime: Any) -> None:
+    assert expected_failure(key) is None
+    run_sample(key, gl_runtime)
