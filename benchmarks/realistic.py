@@ -59,6 +59,11 @@ class Realistic:
     compile: Callable[[], glcomp.Program]
     batch: Callable[[], dict[str, np.ndarray]]
     torch_twin: Callable[[str], tuple[Any, Callable[[], Any]]]  # device -> (model, one step)
+    flops: Callable[[], float] | None = None  # FLOPs of a step where FlopCounterMode counts none
+
+
+# Compile options every workload is built with (``--storage f16`` sets {"storage": "f16"}).
+OPTIONS: dict[str, Any] = {}
 
 
 def _gpt(name: str, batch: int, block: int, embd: int, heads: int, layers: int) -> Realistic:
@@ -72,7 +77,9 @@ def _gpt(name: str, batch: int, block: int, embd: int, heads: int, layers: int) 
         spec = {"shape": (batch, block), "dtype": "int32", "num_classes": g.vocab_size}
         opt = g.torch.optim.AdamW(model.parameters(), lr=3e-4)
         shapes = {"idx": (batch, block)}
-        return glcomp.compile(model, shapes, "forward", opt, target_name="targets", target_spec=spec)
+        return glcomp.compile(
+            model, shapes, "forward", opt, target_name="targets", target_spec=spec, **OPTIONS
+        )
 
     def data() -> dict[str, np.ndarray]:
         g = char_gpt("glcomp", **config)
@@ -198,6 +205,7 @@ def _supervised(
     x_shape: tuple[int, ...],
     optimizer: str,
     target: str = "classes",
+    flops: Callable[[], float] | None = None,
 ) -> Realistic:
     """A workload of `layers` (built for glcomp.nn or torch.nn) on inputs of `x_shape` (batch
     first), trained with cross-entropy on 10 classes or (target "heatmaps") MSE against a target
@@ -213,7 +221,7 @@ def _supervised(
         glcomp.manual_seed(0)
         model = nn.Sequential(*layers(nn))
         loss = nn.MSELoss() if target == "heatmaps" else nn.CrossEntropyLoss()
-        return glcomp.compile(model, {"x": x_shape}, loss=loss, optimizer=make_opt(optim))
+        return glcomp.compile(model, {"x": x_shape}, loss=loss, optimizer=make_opt(optim), **OPTIONS)
 
     def data() -> dict[str, np.ndarray]:
         rng = np.random.default_rng(0)
@@ -243,7 +251,7 @@ def _supervised(
 
         return model, step
 
-    return Realistic(name, description, make, data, twin)
+    return Realistic(name, description, make, data, twin, flops)
 
 
 def _vgg(name: str, batch: int, widths: tuple[int, int], fc: int) -> Realistic:
@@ -285,6 +293,7 @@ BUILDERS: dict[str, tuple[Callable[[int], Realistic], int]] = {
             _Recurrent.layers,
             (b, 32, 64),
             "adam",
+            flops=lambda: lstm_flops(b, 32, 64, 256, 10),
         ),
         32,
     ),
@@ -338,10 +347,20 @@ def step_flops(w: Realistic) -> float:
     """FLOPs of one training step (forward + backward) of the torch twin, on the CPU."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    if w.flops is not None:
+        return w.flops()
     _, step = w.torch_twin("cpu")
     with FlopCounterMode(display=False) as counter:
         step()
     return float(counter.get_total_flops())
+
+
+def lstm_flops(batch: int, steps: int, inputs: int, hidden: int, classes: int) -> float:
+    """FLOPs of an LSTM training step (FlopCounterMode does not count torch's fused LSTM): per
+    time step the gate products x W_ih^T and h W_hh^T (2 B 4H (I + H) multiply-adds as FLOPs),
+    the head's 2 B H K; backward twice the forward (both operands' gradients)."""
+    forward = steps * 2 * batch * 4 * hidden * (inputs + hidden) + 2 * batch * hidden * classes
+    return 3.0 * forward
 
 
 def time_gl(w: Realistic, steps: int, ctx: Any) -> dict[str, Any]:
@@ -429,14 +448,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default="", help="write the records as JSON here")
     ap.add_argument("--profile", action="store_true", help="time each draw of one step instead")
+    ap.add_argument("--storage", default="f32", choices=["f32", "f16"], help="texture storage")
     args = ap.parse_args(argv)
+    if args.storage != "f32":
+        OPTIONS["storage"] = args.storage
     import moderngl
     from bench import markdown
 
     names = [n for n in args.only.split(",") if n] or list(WORKLOADS)
     ctx = moderngl.create_context(standalone=True, backend="egl")
     ceiling = fma_ceiling(ctx)
-    print(f"{ctx.info['GL_RENDERER']}; fragment FMA ceiling {ceiling:.3f} TFLOP/s; load {os.getloadavg()}")
+    print(
+        f"{ctx.info['GL_RENDERER']}; fragment FMA ceiling {ceiling:.3f} TFLOP/s; storage {args.storage}; "
+        f"load {os.getloadavg()}"
+    )
     if args.profile:
         for name in names:
             print(profile(WORKLOADS[name], ctx))
