@@ -24,7 +24,8 @@ The module trains like any other (``glcomp.compile(model, {"x": shape}, loss, op
   slices and concatenation, Split and Tile of slices and broadcasts, LRN of shifted channel
   slices, InstanceNormalization of reductions; 1-D Conv, ConvTranspose, MaxPool and AveragePool
   run as 2-D ones over a unit height; ``auto_pad=SAME_UPPER|SAME_LOWER`` of Conv and the pools
-  becomes explicit pads; asymmetric pooling pads are explicit padding (edge values
+  becomes explicit pads, as does ``ceil_mode=1``'s end padding for a last partial window (not
+  counted by AveragePool's divisor); asymmetric pooling pads are explicit padding (edge values
   for MaxPool), dilated MaxPool samples every d-th element (strides a multiple of the dilation).
 - glcomp computes in float32. Float64 (and float16) inputs and initializers are cast to float32:
   results agree with float64 references to about 1e-6 relative per operation, and an input value
@@ -970,8 +971,6 @@ def _pool(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
         raise node.fail(
             f"only 1-D and 2-D spatial inputs (N, C, L) / (N, C, H, W) are supported, got {t.shape}"
         )
-    if int(node.attr("ceil_mode", 0)):
-        raise node.fail("ceil_mode=1 is not supported")
     kernel = tuple(int(k) for k in node.attr("kernel_shape"))
     stride = tuple(int(s) for s in node.attr("strides", [1, 1]))
     dilation = tuple(int(d) for d in node.attr("dilations", [1, 1]))
@@ -985,6 +984,28 @@ def _pool(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     ]
     if min(out) < 1:
         raise node.fail(f"the window {extent} is larger than the padded input {t.shape[2:]} (pads {pads})")
+    extra = [0, 0]  # ceil_mode: end padding for a last, partial window (none past the input)
+    if int(node.attr("ceil_mode", 0)):
+        for i, (n, e, s) in enumerate(zip(t.shape[2:], extent, stride)):
+            size = -(-(n + pads[i] + pads[i + 2] - e) // s) + 1
+            if (size - 1) * s >= n + pads[i]:
+                size -= 1  # torch's and ONNX's rule: the last window starts inside the input
+            extra[i] = max((size - 1) * s + e - (n + pads[i] + pads[i + 2]), 0)
+            out[i] = size
+    if any(extra):
+        real = list(pads)
+        pads = [*pads[:2], pads[2] + extra[0], pads[3] + extra[1]]
+        if node.op == "AveragePool" and dilation == (1, 1):
+            # The divisor counts input elements, and the real pads where count_include_pad=1,
+            # never the ceil extension: the same pool over ones padded that way.
+            count_pad = float(int(node.attr("count_include_pad", 0)))
+            begins, ends = [0, 0, *real[:2]], [0, 0, *real[2:]]
+            ones = _pad_constant(const(t.graph, 1.0, t.shape), begins, ends, count_pad)
+            ones = _pad_constant(ones, [0, 0, 0, 0], [0, 0, *extra], 0.0)
+            summed = F.avg_pool2d(
+                _pad_constant(t, [0, 0, *pads[:2]], [0, 0, *pads[2:]], 0.0), kernel, stride, 0
+            )
+            return [summed / F.avg_pool2d(ones, kernel, stride, 0)]
     symmetric = pads[:2] == pads[2:] and all(2 * p <= k for p, k in zip(pads[:2], kernel))
     if node.op == "MaxPool":
         indices = _Unsupported(f"the indices of MaxPool {node.name!r}")

@@ -178,13 +178,12 @@ UNSUPPORTED_TYPES: tuple[str, ...] = (
     "unknown",
 )
 
-_CEIL = r"ceil_mode=1 is not supported"
 _AUTO_PAD = r"auto_pad='SAME_UPPER' is not supported; export with explicit pads"  # ConvTranspose's
 _NOT_3D = r"only (1-D and )?2-D spatial inputs"
 _EMPTY = r"every dimension must be positive"
 _NO_INPUT = r"no graph input is computed"
 _RESIZE = r"only mode 'nearest' with coordinate_transformation_mode 'asymmetric'"
-PASSING = 442  # cases that pass on the reference runtime
+PASSING = 446  # cases that pass on the reference runtime
 _UNCOMPUTED = r"graph output 'z' is not a tensor computed from the inputs"  # masks, argmax indices
 
 
@@ -195,10 +194,7 @@ def _names(prefix: str, *suffixes: str) -> list[str]:
 # Cases of supported ops refused for an attribute, shape or value glcomp does not support, with
 # the refusal they must get (a regular expression on the GlcompError's message).
 EXPECTED_FAILURES: dict[str, str] = {
-    **dict.fromkeys(
-        _names("test_averagepool_2d_", "ceil", "ceil_last_window_starts_on_pad", "dilations"), _CEIL
-    ),
-    **dict.fromkeys(_names("test_maxpool_2d_", "ceil", "ceil_output_size_reduce_by_one"), _CEIL),
+    "test_averagepool_2d_dilations": r"dilations \[2, 2\] are not supported for AveragePool",
     "test_convtranspose_autopad_same": _AUTO_PAD,
     **dict.fromkeys(
         [
@@ -429,6 +425,8 @@ GL_CASES = (
     "test_maxpool_2d_pads",
     "test_maxpool_2d_same_lower",
     "test_averagepool_2d_strides",
+    "test_averagepool_2d_ceil",
+    "test_maxpool_2d_ceil",
     "test_globalaveragepool",
     "test_batchnorm_epsilon_training_mode",
     "test_layer_normalization_3d_axis1_epsilon",

@@ -305,6 +305,19 @@ def test_lrn(size: int, tmp_path: Path, gl_runtime: Any) -> None:
         ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 0, 2, 2], "strides": [2, 2]}),
         ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 0, 2, 2], "count_include_pad": 1}),
         ("MaxPool", {"kernel_shape": [2, 3], "pads": [1, 2, 1, 0], "strides": [2, 4], "dilations": [2, 2]}),
+        # ceil_mode: a last, partial window (counted without the ceil extension)
+        ("MaxPool", {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}),
+        ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
+        (
+            "AveragePool",
+            {
+                "kernel_shape": [3, 2],
+                "strides": [3, 2],
+                "pads": [1, 0, 1, 1],
+                "ceil_mode": 1,
+                "count_include_pad": 1,
+            },
+        ),
     ],
 )
 def test_pooling_pads_and_dilations(op: str, attrs: dict[str, Any], tmp_path: Path, gl_runtime: Any) -> None:
@@ -338,7 +351,6 @@ def test_one_d(op: str, attrs: dict[str, Any], w_shape: tuple[int, ...] | None, 
 @pytest.mark.parametrize(
     ("attrs", "match"),
     [
-        ({"kernel_shape": [2, 2], "ceil_mode": 1}, r"ceil_mode=1 is not supported"),
         (
             {"kernel_shape": [2, 2], "dilations": [2, 2], "strides": [3, 3]},
             r"dilations \[2, 2\] are supported only",
