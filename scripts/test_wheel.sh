@@ -39,7 +39,8 @@ echo "installed into a fresh venv at $((SECONDS - start)) s"
 mkdir -p "$work/run"
 cp examples/digits_cnn.py "$work/run/"
 cd "$work/run"
-"$work/venv/bin/python" - "$work/venv" <<'PY'
+(cd "$repo" && git ls-files --cached --others --exclude-standard glcomp) >"$work/tracked"
+"$work/venv/bin/python" - "$work/venv" "$work/tracked" <<'PY'
 import importlib.metadata
 import pathlib
 import sys
@@ -58,6 +59,12 @@ assert (root / "py.typed").is_file(), "py.typed is missing"
 for data in ("runtime/js/glcomp.js", "runtime/js/demo.html", "format/manifest.schema.json"):
     assert (root / data).is_file(), f"{data} is missing from the wheel"
 assert list((root / "codegen" / "families").glob("*.j2")), "the GLSL templates are missing"
+# Every module and data file of the source tree (the runtime's modules and pages, the schemas,
+# the templates, every subpackage) is in the installed copy.
+tracked = pathlib.Path(sys.argv[2]).read_text().splitlines()
+missing = [f for f in tracked if "__pycache__" not in f and not (root.parent / f).is_file()]
+assert not missing, f"missing from the wheel: {missing}"
+import glcomp.transforms  # noqa: E402,F401  (a subpackage, imported from the wheel)
 
 # The README's quick start, smaller.
 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
