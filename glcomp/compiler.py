@@ -62,7 +62,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     ``passes={"fusion": ..., "mrt": ..., "memplan": ...}`` to switch passes off, and
     ``storage="f32"|"f16"|"rgba8"``: the texel format of textures (see
     glcomp.codegen.options.STORAGE; parameters and optimizer state always hold float32: RGBA32F,
-    or their exact bytes in RGBA8 texels with "rgba8").
+    or their exact bytes in RGBA8 texels with "rgba8"), and ``inspect=[names]``: tensors kept
+    readable by ``rt.inspect(name)`` at any step (docs/inspect.md).
     Unknown options and ill-typed values raise GlcompError listing the valid ones
     (glcomp.codegen.options.CompileOptions). `dump_after` names a code-generation pass
     (glcomp.codegen.pipeline.PASS_NAMES): the program is then lowered at once and the kernel plan

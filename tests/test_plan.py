@@ -290,7 +290,8 @@ def test_compile_options_defaults_and_program_options() -> None:
         "max_texture_size",
         "max_texture_units",
     ]
-    assert CompileOptions.names() == sorted(["passes", "storage", "target", *limits])
+    assert CompileOptions.names() == sorted(["inspect", "passes", "storage", "target", *limits])
+    assert default.inspect == () and CompileOptions.parse({"inspect": ["0", "0"]}).inspect == ("0",)
 
 
 # -- codegen time -------------------------------------------------------------------------------
