@@ -272,7 +272,13 @@ export function checkInput(name, spec, value) {
     throw new GlcompError(`input ${repr(name)}: not an array (got ${value === null ? "null" : typeof value})`);
   }
   if (!sameList(given, shape) || data.length !== n) {
-    throw new GlcompError(`input ${repr(name)} expected shape ${fmtShape(shape)} but got ${fmtShape(given)}`);
+    let hint = "";
+    if (given.length === shape.length && given.length && sameList(given.slice(1), shape.slice(1)) && given[0] < shape[0]) {
+      hint = `: a batch of ${given[0]} where the program was compiled for ${shape[0]} (the last, ` +
+        "partial batch of a DataLoader?); programs have fixed shapes, so pass drop_last=True " +
+        "to the DataLoader, or compile a second program for the remainder's batch size";
+    }
+    throw new GlcompError(`input ${repr(name)} expected shape ${fmtShape(shape)} but got ${fmtShape(given)}${hint}`);
   }
   const out = new Float32Array(n);
   const classes = spec.num_classes;
