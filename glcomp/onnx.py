@@ -19,7 +19,9 @@ The module trains like any other (``glcomp.compile(model, {"x": shape}, loss, op
   Dropout is the identity in eval mode and drops in train mode (glcomp's dropout masks).
 - LSTM and GRU nodes unroll over time like ``glcomp.nn.LSTM`` / ``GRU``; their W, R and B
   initializers stay parameters in ONNX layout (gate blocks i o f c and z r h), regrouped into
-  torch's gate order by slices inside the traced graph.
+  torch's gate order by slices inside the traced graph. GRU's linear_before_reset=0 (ONNX's
+  default: the reset gate applied to the state before its recurrent product) and =1 (torch's)
+  are both supported.
 - Ops with no primitive of their own are compositions of primitives: Pad (reflect, edge, wrap) of
   slices and concatenation, Split and Tile of slices and broadcasts, LRN of shifted channel
   slices, InstanceNormalization of reductions; 1-D Conv, ConvTranspose, MaxPool and AveragePool
@@ -1144,8 +1146,7 @@ def _recurrent(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
         raise node.fail(f"activations {acts} are not supported (only the defaults {default_acts})")
     if node.attr("clip") is not None or int(node.attr("input_forget", 0)):
         raise node.fail("clip and input_forget are not supported")
-    if node.op == "GRU" and not int(node.attr("linear_before_reset", 0)):
-        raise node.fail("linear_before_reset=0 is not supported (torch's GRU exports linear_before_reset=1)")
+    reset_first = node.op == "GRU" and not int(node.attr("linear_before_reset", 0))
     if node.op == "LSTM" and len(x) > 7 and x[7] is not None:
         raise node.fail("peephole weights (input P) are not supported")
     if t.ndim != 3:
@@ -1194,7 +1195,10 @@ def _recurrent(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
         seq: list[Tensor] = []
         backward = direction == "reverse" or d == 1
         for s in reversed(range(steps)) if backward else range(steps):
-            h, c = _step(node.op, getitem(gx, s), h, c, w_hh, b_hh)
+            if reset_first:
+                h, c = _gru_reset_first(getitem(gx, s), h, w_hh, b_hh), None
+            else:
+                h, c = _step(node.op, getitem(gx, s), h, c, w_hh, b_hh)
             seq.append(h)
         if backward:
             seq.reverse()
@@ -1207,6 +1211,23 @@ def _recurrent(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
         y, y_h = permute(y, (2, 0, 1, 3)), permute(y_h, (1, 0, 2))
         y_c = permute(y_c, (1, 0, 2)) if y_c is not None else None
     return [y, y_h] + ([y_c] if y_c is not None else [])
+
+
+def _gru_reset_first(gx: Tensor, h: Tensor | None, w_hh: Tensor, b_hh: Tensor | None) -> Tensor:
+    """One GRU step with ONNX's default linear_before_reset=0: the reset gate multiplies the state
+    before the recurrent product of the new gate, n = tanh(W_n x + R_n (r * h) + Rb_n + Wb_n)
+    (torch's GRU, linear_before_reset=1, multiplies the product instead). Gates in torch's order
+    r, z, n; ``h is None`` is a zero state."""
+    hsz = w_hh.shape[1]
+    w_rz, w_n = slice_axis(w_hh, 0, 0, 2 * hsz), slice_axis(w_hh, 0, 2 * hsz, 3 * hsz)
+    b_rz = slice_axis(b_hh, 0, 0, 2 * hsz) if b_hh is not None else None
+    b_n = slice_axis(b_hh, 0, 2 * hsz, 3 * hsz) if b_hh is not None else None
+    rz = gx[:, : 2 * hsz] if h is None else gx[:, : 2 * hsz] + h @ w_rz.T
+    rz = rz + b_rz if b_rz is not None else rz
+    r, z = rz[:, :hsz].sigmoid(), rz[:, hsz:].sigmoid()
+    n = gx[:, 2 * hsz :] if h is None else gx[:, 2 * hsz :] + (r * h) @ w_n.T
+    n = (n + b_n if b_n is not None else n).tanh()
+    return (1.0 - z) * n if h is None else n + z * (h - n)
 
 
 # -- normalisation ---------------------------------------------------------------------------------

@@ -183,7 +183,7 @@ _NOT_3D = r"only (1-D and )?2-D spatial inputs"
 _EMPTY = r"every dimension must be positive"
 _NO_INPUT = r"no graph input is computed"
 _RESIZE = r"only mode 'nearest' with coordinate_transformation_mode 'asymmetric'"
-PASSING = 446  # cases that pass on the reference runtime
+PASSING = 452  # cases that pass on the reference runtime
 _UNCOMPUTED = r"graph output 'z' is not a tensor computed from the inputs"  # masks, argmax indices
 
 
@@ -217,18 +217,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     "test_convtranspose_output_shape": r"output_shape \[10, 8\] is larger than",
     "test_slice_neg_steps": r"slice steps other than 1 are not supported",
     "test_lstm_with_peepholes": r"peephole weights \(input P\) are not supported",
-    **dict.fromkeys(
-        _names(
-            "test_gru_",
-            "batchwise",
-            "bidirectional",
-            "defaults",
-            "reverse",
-            "seq_length",
-            "with_initial_bias",
-        ),
-        r"linear_before_reset=0 is not supported",
-    ),
     # The data sets hold NaN and infinities, which the runtimes refuse as inputs.
     **dict.fromkeys(
         _names(
@@ -446,6 +434,7 @@ GL_CASES = (
     "test_where_example",
     "test_pow_bcast_array",
     "test_lstm_defaults",
+    "test_gru_with_initial_bias",
     "test_clip_default_int8_min",
     "test_prelu_broadcast",
 )
