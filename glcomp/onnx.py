@@ -23,8 +23,9 @@ The module trains like any other (``glcomp.compile(model, {"x": shape}, loss, op
   default: the reset gate applied to the state before its recurrent product) and =1 (torch's)
   are both supported.
 - Ops with no primitive of their own are compositions of primitives: Pad (reflect, edge, wrap) of
-  slices and concatenation, Split and Tile of slices and broadcasts, LRN of shifted channel
-  slices, InstanceNormalization of reductions; 1-D Conv, ConvTranspose, MaxPool and AveragePool
+  slices and concatenation, strided and reversed Slice of single-element slices, Split and
+  Tile of slices and broadcasts, LRN of shifted channel slices, InstanceNormalization of
+  reductions; 1-D Conv, ConvTranspose, MaxPool and AveragePool
   run as 2-D ones over a unit height; ``auto_pad=SAME_UPPER|SAME_LOWER`` of Conv and the pools
   becomes explicit pads, as does ``ceil_mode=1``'s end padding for a last partial window (not
   counted by AveragePool's divisor); asymmetric pooling pads are explicit padding (edge values
@@ -1423,7 +1424,17 @@ def _slice(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     for a, s in enumerate(index):
         start, stop, step = s.indices(shape[a])
         if step != 1:
-            raise node.fail(f"slice steps other than 1 are not supported (axis {a}, step {step})")
+            # Strided and reversed slices: the selected elements one by one, concatenated (as
+            # Gather's constant indices), so gradients scatter back to them.
+            picked = range(start, stop, step)
+            if not picked:
+                raise node.fail(f"the slice selects no element along axis {a} (a zero-size tensor)")
+            t = (
+                cat([slice_axis(t, a, i, i + 1) for i in picked], a)
+                if len(picked) > 1
+                else slice_axis(t, a, picked[0], picked[0] + 1)
+            )
+            continue
         t = slice_axis(t, a, start, max(start, stop))
     return [t]
 

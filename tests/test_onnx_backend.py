@@ -183,7 +183,7 @@ _NOT_3D = r"only (1-D and )?2-D spatial inputs"
 _EMPTY = r"every dimension must be positive"
 _NO_INPUT = r"no graph input is computed"
 _RESIZE = r"only mode 'nearest' with coordinate_transformation_mode 'asymmetric'"
-PASSING = 452  # cases that pass on the reference runtime
+PASSING = 453  # cases that pass on the reference runtime
 _UNCOMPUTED = r"graph output 'z' is not a tensor computed from the inputs"  # masks, argmax indices
 
 
@@ -215,7 +215,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     ),
     "test_maxpool_2d_dilations": r"dilations \[2, 2\] are supported only for strides that are multiples",
     "test_convtranspose_output_shape": r"output_shape \[10, 8\] is larger than",
-    "test_slice_neg_steps": r"slice steps other than 1 are not supported",
     "test_lstm_with_peepholes": r"peephole weights \(input P\) are not supported",
     # The data sets hold NaN and infinities, which the runtimes refuse as inputs.
     **dict.fromkeys(
@@ -426,6 +425,7 @@ GL_CASES = (
     "test_reduce_max_do_not_keepdims_random",
     "test_transpose_all_permutations_3",
     "test_slice_negative_axes",
+    "test_slice_neg_steps",
     "test_concat_3d_axis_1",
     "test_gather_1",
     "test_reflect_pad",
