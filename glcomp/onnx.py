@@ -233,6 +233,40 @@ class OnnxModule(Module):
                     f"{tuple('?' if d is None else d for d in declared)}"
                 )
             env[onnx_name] = value
+        self._run_nodes(env)
+        outs = []
+        for name in self._outputs:
+            value = env.get(name)
+            if not isinstance(value, Tensor):
+                raise GlcompError(
+                    f"{self._source}: graph output {name!r} is not a tensor computed from the inputs"
+                )
+            outs.append(value)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def constant_outputs(self) -> tuple[np.ndarray, ...]:
+        """The graph's outputs when the graph computes from constants alone (no graph input left
+        once `load`'s constants are bound; Shape of a bound input, ConstantOfShape...): folded at
+        import as glcomp folds constants while tracing. GlcompError when an output needs a
+        computed tensor."""
+        if self.input_names:
+            raise GlcompError(f"{self._source}: the graph computes from the inputs {self.input_names}")
+        env: dict[str, Any] = dict(self._constants)
+        for onnx_name, key in self._state.items():
+            store = self._parameters if key in self._parameters else self._buffers
+            value = store[key]
+            env[onnx_name] = np.asarray(getattr(value, "data", value))
+        self._run_nodes(env)
+        outs = []
+        for name in self._outputs:
+            value = env.get(name)
+            if value is None or isinstance(value, Tensor | _Unsupported):
+                raise GlcompError(f"{self._source}: graph output {name!r} is not a constant")
+            outs.append(np.asarray(value))
+        return tuple(outs)
+
+    def _run_nodes(self, env: dict[str, Any]) -> None:
+        """Execute the nodes in order over `env` (ONNX name -> tensor or constant), in place."""
         env[""] = None  # an omitted optional input
         for node in self._nodes:
             args = []
@@ -252,15 +286,6 @@ class OnnxModule(Module):
             for name, value in zip(node.outputs, results):
                 if name:
                     env[name] = value
-        outs = []
-        for name in self._outputs:
-            value = env.get(name)
-            if not isinstance(value, Tensor):
-                raise GlcompError(
-                    f"{self._source}: graph output {name!r} is not a tensor computed from the inputs"
-                )
-            outs.append(value)
-        return outs[0] if len(outs) == 1 else tuple(outs)
 
     @property
     def onnx_inputs(self) -> dict[str, str]:

@@ -14,8 +14,9 @@ order, as ONNX declares their types::
 A glcomp program has static shapes, so the backend compiles one program per set of input shapes
 (and keeps it for further runs with those shapes). Graph inputs that decide a shape or another
 compile-time value (Reshape's shape, Slice's starts, Unsqueeze's axes, Pad's pads, Clip's bounds:
-the inputs `glcomp.onnx` needs as constants) are bound to the values of each run, so a run with
-new values compiles again. glcomp computes in float32: float64 inputs are computed in float32 and
+the inputs `glcomp.onnx` needs as constants, and inputs only Shape reads) are bound to the
+values of each run, so a run with new values compiles again; a graph left with no computed input
+returns its outputs folded at import. glcomp computes in float32: float64 inputs are computed in float32 and
 results cast back to each output's declared type (integer outputs rounded, boolean ones compared
 with zero). Anything glcomp does not support raises `GlcompError` naming the node, op or input,
 from `prepare` when the model's input shapes are all known and from `run` otherwise.
@@ -68,16 +69,19 @@ def _runtime_of(device: str, runtime: str | None) -> str:
 
 
 def _static_graph_inputs(model: Any) -> list[str]:
-    """Graph inputs that some node reads where glcomp.onnx needs a compile-time value."""
+    """Graph inputs glcomp.onnx needs as compile-time values: those some node reads as one (a
+    shape, axes, pads), and those only Shape reads (their shape is all the graph uses; an input
+    that is also computed with stays an input, Shape folding from its static shape)."""
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
-    names = {v.name for v in graph.input if v.name not in initializers}
-    static: list[str] = []
+    names = [v.name for v in graph.input if v.name not in initializers]
+    value_uses: dict[str, set[str]] = {n: set() for n in names}
     for node in graph.node:
         for i, name in enumerate(node.input):
-            if name in names and name not in static and i in gonnx._STATIC_INPUTS.get(node.op_type, ()):
-                static.append(name)
-    return static
+            if name in value_uses:
+                static = i in gonnx._STATIC_INPUTS.get(node.op_type, ())
+                value_uses[name].add("shape" if node.op_type == "Shape" else "static" if static else "data")
+    return [n for n in names if "static" in value_uses[n] or value_uses[n] == {"shape"}]
 
 
 def _np_dtype(elem_type: int, what: str) -> np.dtype:
@@ -114,7 +118,8 @@ class GlcompBackendRep(BackendRep):
         self._output_types = [
             _np_dtype(v.type.tensor_type.elem_type, f"graph output {v.name!r}") for v in graph.output
         ]
-        self._programs: dict[Any, tuple[gonnx.OnnxModule, glcomp.Program]] = {}
+        # Per input shapes and bound values: the module and its program (or its constant outputs).
+        self._programs: dict[Any, tuple[gonnx.OnnxModule, Any]] = {}
         shapes = {}
         for v in self._graph_inputs:
             dims = v.type.tensor_type.shape.dim
@@ -124,7 +129,7 @@ class GlcompBackendRep(BackendRep):
 
     def _program(
         self, shapes: Mapping[str, tuple[int, ...]], bound: Mapping[str, np.ndarray]
-    ) -> tuple[gonnx.OnnxModule, glcomp.Program]:
+    ) -> tuple[gonnx.OnnxModule, Any]:
         key = (
             tuple(sorted(shapes.items())),
             tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(bound.items())),
@@ -132,11 +137,16 @@ class GlcompBackendRep(BackendRep):
         if key not in self._programs:
             module = gonnx.load(self._model, constants=bound)
             if not shapes:
-                raise GlcompError(
-                    f"ONNX model {self._model.graph.name!r}: no graph input is computed (none is "
-                    f"declared, or all of {sorted(bound)} are compile-time values); a glcomp program "
-                    "computes from at least one input"
-                )
+                # Every input is a compile-time value: the outputs fold to constants, or need a
+                # computed tensor and are refused.
+                try:
+                    self._programs[key] = module, module.constant_outputs()
+                except GlcompError as err:
+                    raise GlcompError(
+                        f"{err}; no graph input is computed (none is declared, or all of "
+                        f"{sorted(bound)} are compile-time values), so there is nothing to compile"
+                    ) from None
+                return self._programs[key]
             args = module.onnx_inputs
             feeds = {args[n]: s for n, s in shapes.items()}
             self._programs[key] = module, glcomp.compile(module, feeds, **self._options)
@@ -211,7 +221,9 @@ class GlcompBackendRep(BackendRep):
         feeds = {}
         for name, array in arrays.items():
             feeds[args[name]] = array.astype(np.float32) if array.dtype.kind in "biu" else array
-        if self.runtime == "gl":
+        if isinstance(program, tuple):  # constant outputs, folded at import
+            got = {f"output.{i}": v for i, v in enumerate(program)} if len(program) > 1 else program[0]
+        elif self.runtime == "gl":
             rt = program.runtime("gl", ctx=self._ctx if self._ctx is not None else _gl_context())
             try:
                 got = rt.predict(**feeds)
