@@ -366,3 +366,33 @@ def tiled_shapes_of(prog: glcomp.Program, entry: str) -> int:
         if any(line.startswith(mark) and "gather" not in line for line in src.splitlines())
     }
     return sum(d["program"] in blocked for d in bundle.manifest["entries"][entry]["draws"])
+
+
+class FlattenLinear(nn.Module):
+    """A Linear over a Flatten of an (N, C, H, W) value: the product reads the stored 4-D texture
+    through a texel view (rows of W elements there, of C * H * W in the product)."""
+
+    def __init__(self, c: int, hw: int, n: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(c * hw * hw, n)
+
+    def forward(self, x: Any) -> Any:
+        return self.fc(x.flatten(1))
+
+
+@pytest.mark.parametrize("shape", [(4, 2), (8, 1)])
+def test_products_over_texel_views_read_the_product_rows(shape: tuple[int, int], force: Any, gl_runtime: Any):
+    """Regression: the tiled kernel stepped the operands' rows by the stored texture's row length
+    (2 texels for a last axis of 8) instead of the product's (C * H * W / 4), so the weight
+    gradient g.T @ flatten(x) of a Linear after a Flatten came out wrong on GL."""
+    force(shape)
+    prog = glcomp.compile(FlattenLinear(3, 8, 6), {"x": (8, 3, 8, 8)}, loss=SumLoss(), max_draw_buffers=8)
+    assert tiled_shapes_of(prog, "gradients") >= 2
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(8, 3, 8, 8)).astype(np.float32), rng.normal(size=(8, 6)).astype(np.float32)
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=RTOL, atol=ATOL)
+        grads, want = gl.gradients(x=x, y=y), ref.gradients(x=x, y=y)
+        for name in want:
+            np.testing.assert_allclose(grads[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)

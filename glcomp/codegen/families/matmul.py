@@ -220,6 +220,10 @@ class Tiling:
         """Ids the memory plan uses for the tile temporaries (negative: never IR node ids)."""
         return [-(self.node * 64 + i + 1) for i in range(self.R * self.C)]
 
+    def render(self, kernel: Kernel, layouts: dict[int, Layout], target: Target) -> tuple[Rendered, Rendered]:
+        """The block draw's and the gather draw's shaders (`render_tiled`)."""
+        return render_tiled(self, kernel, layouts, target)
+
 
 def _tex(lay: Layout) -> dict[str, Any]:
     return {"w": lay.width, "shift": lay.width.bit_length() - 1, "rt": lay.row_texels}
@@ -261,9 +265,11 @@ def render_tiled(
             "samplers": [sa, sb],
             "s_a": sa,
             "s_b": sb,
-            # A may be a view of t.a (a reshape when K is split); X of A = X.T is read by its rows
-            "a_tex": _tex(layouts[t.a]) | ({"rt": math.ceil(t.K / 4)} if t.a_form == "a" else {}),
-            "b_tex": _tex(layouts[t.b]),
+            # The operands may be row or texel views of t.a / t.b (a reshape when K is split, a
+            # Flatten before a Linear): their rows are the product's, K (A), M (X of A = X.T), N
+            # (B) or K (W) long, whatever the stored texture's own rows are.
+            "a_tex": _tex(layouts[t.a]) | {"rt": math.ceil((t.K if t.a_form == "a" else t.M) / 4)},
+            "b_tex": _tex(layouts[t.b]) | {"rt": math.ceil((t.N if t.form == "b" else t.K) / 4)},
         }
     )
     out = layouts[t.node]
