@@ -772,6 +772,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_serve_command(sub)
+    try:  # federated training on Flower (glcomp[federated]; Flower itself is imported when used)
+        from glcomp.federated.cli import add_federated_command
+    except ImportError:
+        pass
+    else:
+        add_federated_command(sub)
     return parser
 
 
