@@ -5,7 +5,6 @@ the accuracy target and the comparison with centralized training on the pooled d
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path

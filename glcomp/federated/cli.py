@@ -150,7 +150,8 @@ def simulate(
     if progress is not None:
         progress(
             f"compiled {stem} in {time.perf_counter() - start:.1f} s; {clients} clients, {rounds} rounds, "
-            f"partition {partition}, {epochs} local epoch(s){', SecAgg+' if secure else ''}; Flower simulation"
+            f"partition {partition}, {epochs} local epoch(s){', SecAgg+' if secure else ''}; "
+            "Flower simulation"
         )
     options = {"fedprox": {"proximal_mu": 0.01}, "fedadam": {"eta": 1e-2, "eta_l": 1e-2}}.get(strategy)
     server = GlcompServer(
