@@ -5,6 +5,7 @@
 // points of a character model's tokens), the page samples text from the model after each epoch.
 // Query parameters: bundle (default "bundle/"), data, epochs, steps (per epoch, at most), lr,
 // seed, sample (characters to generate, default 200), autostart=1.
+import { drawChart as drawLossChart } from "./chart.js";
 import { GlcompError, Runtime, downloadBytes, nextTask, parseSafetensors } from "./glcomp.js";
 
 const params = new URLSearchParams(location.search);
@@ -22,6 +23,8 @@ const demo = {
   msPerStep: null, // training time per step, the first step (shader compilation) excluded
   firstStepMs: null,
   steps: 0,
+  pretrained: false, // whether the bundle's weights were trained before (see alreadyTrained)
+  chart: null, // what the chart drew last: tick labels and label boxes (chart.js)
   error: null,
   info: null,
   sample: null, // text sampled from a character model after the last epoch (with a vocab)
@@ -219,66 +222,17 @@ async function drawHeat(rt) {
   }
 }
 
-function drawChart(losses, accuracies, epochsPlanned, stepsPerEpoch) {
-  const canvas = $("chart");
-  const ctx = canvas.getContext("2d");
-  const w = canvas.width;
-  const h = canvas.height;
-  const pad = { l: 48, r: 44, t: 12, b: 28 };
-  ctx.clearRect(0, 0, w, h);
-  ctx.font = "12px system-ui, sans-serif";
-  ctx.fillStyle = "#666";
-  ctx.strokeStyle = "#ddd";
-  ctx.lineWidth = 1;
-  const total = Math.max(epochsPlanned * stepsPerEpoch, losses.length, 2);
-  const finite = losses.filter(Number.isFinite);
-  const top = finite.length ? Math.max(...finite) * 1.05 : 1;
-  const x = (i) => pad.l + (i / (total - 1)) * (w - pad.l - pad.r);
-  const y = (v) => h - pad.b - (Math.min(v, top) / top) * (h - pad.t - pad.b);
-  for (let k = 0; k <= 4; k++) {
-    const v = (top * k) / 4;
-    ctx.beginPath();
-    ctx.moveTo(pad.l, y(v));
-    ctx.lineTo(w - pad.r, y(v));
-    ctx.stroke();
-    ctx.fillText(v.toFixed(2), 4, y(v) + 4);
-  }
-  ctx.fillText("epoch", pad.l, h - 8);
-  for (let e = 1; e < epochsPlanned; e++) {
-    ctx.fillText(`${e}`, x(e * stepsPerEpoch) - 3, h - 8);
-  }
-  const yAcc = (a) => h - pad.b - a * (h - pad.t - pad.b);
-  if (accuracies.length) {
-    ctx.fillStyle = "rgb(0, 140, 70)";
-    for (const a of [0, 0.5, 1]) ctx.fillText(`${100 * a}%`, w - pad.r + 6, yAcc(a) + 4);
-  }
-  ctx.fillStyle = "rgb(30, 100, 200)";
-  ctx.fillText("loss", pad.l + 50, h - 8);
-  if (accuracies.length) {
-    ctx.fillStyle = "rgb(0, 140, 70)";
-    ctx.fillText("● test accuracy (right axis)", pad.l + 90, h - 8);
-  }
-  ctx.strokeStyle = "rgba(30, 100, 200, 0.35)";
-  ctx.beginPath();
-  losses.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
-  ctx.stroke();
-  // an exponential moving average on top of the raw losses
-  ctx.strokeStyle = "rgb(30, 100, 200)";
-  ctx.lineWidth = 2;
-  ctx.beginPath();
-  let ema = losses[0];
-  losses.forEach((v, i) => {
-    ema = 0.9 * ema + 0.1 * v;
-    if (i) ctx.lineTo(x(i), y(ema));
-    else ctx.moveTo(x(i), y(ema));
-  });
-  ctx.stroke();
-  ctx.fillStyle = "rgb(0, 140, 70)";
-  accuracies.forEach((a, e) => {
-    ctx.beginPath();
-    ctx.arc(x((e + 1) * stepsPerEpoch - 1), yAcc(a), 3.5, 0, 2 * Math.PI);
-    ctx.fill();
-  });
+// A bundle saved after training holds a non-zero optimizer state: the moments of a parameter
+// (opt.<parameter>.<slot>: momentum, Adam's averages) start at zero and change with every step.
+function alreadyTrained(rt) {
+  const { weights } = rt.keptState(); // the bundle's own state, before any step here
+  const names = Object.keys(weights);
+  const params = names.filter((n) => !n.startsWith("opt."));
+  return names.some((n) => params.some((p) => n.startsWith(`opt.${p}.`)) && weights[n].some((v) => v !== 0));
+}
+
+function drawChart(losses, accuracies, epochs, stepsPerEpoch) {
+  demo.chart = drawLossChart($("chart"), { losses, accuracies, epochs, stepsPerEpoch });
 }
 
 async function main() {
@@ -299,6 +253,11 @@ async function main() {
   $("lr").value = params.get("lr") || String(rt.hyper.lr);
   if (params.get("epochs")) $("epochs").value = params.get("epochs");
   $("info").textContent += ` · ${data.train.n} training and ${data.test.n} test samples, batches of ${data.batch}`;
+  demo.pretrained = alreadyTrained(rt);
+  if (demo.pretrained) {
+    $("info").textContent += " · this bundle is already trained (its optimizer state is not zero): training here"
+      + " continues from its weights, so the loss starts low";
+  }
   drawChart([], [], Number($("epochs").value), stepsPerEpoch);
   let stopRequested = false;
   let trained = false;
