@@ -183,8 +183,10 @@ class DemoServer:
     like an idle one); a response whose client stops reading for `timeout` seconds is dropped
     too. Slow or idle clients cost a socket and at most one CHUNK of memory each and never block
     others: the loop serves whichever socket is ready. At most `max_connections` are open at
-    once; a connection beyond that is answered ``503 Service Unavailable`` and closed. Files are
-    streamed in CHUNK-sized pieces, never read whole.
+    once; a connection beyond that is answered ``503 Service Unavailable`` and closed. With as
+    many again open (503s and responses still draining), the loop stops accepting until one
+    closes: later clients wait in the kernel's queue (LISTEN_BACKLOG), never closed without a
+    response. Files are streamed in CHUNK-sized pieces, never read whole.
     """
 
     def __init__(
@@ -213,6 +215,7 @@ class DemoServer:
         self._wake_w.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.socket, selectors.EVENT_READ, None)
+        self._accepting = True
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._conns: dict[int, _Conn] = {}
         self._stop = False
@@ -228,6 +231,7 @@ class DemoServer:
         self._running.set()
         try:
             while not self._stop:
+                self._listen(len(self._conns) < 2 * self.max_connections)
                 now = time.monotonic()
                 wait = min([poll_interval] + [max(0.0, c.deadline - now) for c in self._conns.values()])
                 for key, events in self._sel.select(wait):
@@ -276,8 +280,19 @@ class DemoServer:
         return len(self._conns)
 
     # -- connections --------------------------------------------------------------------------
+    def _listen(self, on: bool) -> None:
+        """Accept new connections (on) or leave them in the kernel's queue (at the hard bound)."""
+        if on != self._accepting:
+            if on:
+                self._sel.register(self.socket, selectors.EVENT_READ, None)
+            else:
+                self._sel.unregister(self.socket)
+            self._accepting = on
+
     def _accept(self) -> None:
         for _ in range(64):  # a burst at a time, then serve the others
+            if len(self._conns) >= 2 * self.max_connections:
+                return  # even the 503s are at their bound: the rest wait in the kernel's queue
             try:
                 sock, addr = self.socket.accept()
             except (BlockingIOError, InterruptedError):
@@ -287,9 +302,6 @@ class DemoServer:
                 return
             sock.setblocking(False)
             busy = sum(c.state != "drain" for c in self._conns.values()) >= self.max_connections
-            if busy and len(self._conns) >= 2 * self.max_connections:
-                sock.close()  # even the 503s are at their bound
-                continue
             conn = _Conn(sock, addr, time.monotonic() + self.timeout)
             self._conns[sock.fileno()] = conn
             if busy:
