@@ -253,6 +253,26 @@ def _compile_error(kernel: str, source: str, err: Exception) -> GlcompError:
     )
 
 
+# A fragment output of a bundle's shader: `layout(location = 0) out vec4 glc_out0;` (GLSL ES 3.00).
+_OUTPUT = re.compile(
+    r"^[ \t]*(?:layout\s*\([^)]*\)\s*)?out\s+(?:(?:highp|mediump|lowp)\s+)?vec4\s+(\w+)\s*;.*$", re.M
+)
+_DIRECTIVES = re.compile(r"\A(?:[ \t]*#[^\n]*\n)*")  # the leading #version and #extension lines
+
+
+def exact_outputs(source: str) -> str:
+    """`source` with its fragment outputs declared `invariant`, which Mesa's GLSL compiler takes as
+    `precise` for every computation they depend on: it then keeps IEEE results where it would
+    fold ``x - x`` and ``x + -x`` to 0 (nan for an infinite x, as numpy and torch give; see
+    docs/devices.md#infinities-and-nan). GLSL ES 3.00 outputs are redeclared after their
+    declarations, GLSL ES 1.00's gl_FragColor/gl_FragData after the leading directives."""
+    if _OUTPUT.search(source):
+        return _OUTPUT.sub(lambda m: f"{m.group(0)}\ninvariant {m.group(1)};", source)
+    names = [n for n in ("gl_FragColor", "gl_FragData") if re.search(rf"\b{n}\b", source)]
+    head = _DIRECTIVES.match(source).end()  # type: ignore[union-attr]
+    return source[:head] + "".join(f"invariant {n};\n" for n in names) + source[head:]
+
+
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
@@ -355,10 +375,13 @@ class GLRuntime:
         kernel_of = {d["program"]: d["kernel"] for e in m["entries"].values() for d in e["draws"]}
         for pid, p in m["programs"].items():
             frag = self.bundle.shaders[p["fragment"]]
-            try:
-                prog = self._new(ctx.program(vertex_shader=vert, fragment_shader=frag))
-            except Exception as err:
-                raise _compile_error(kernel_of.get(pid, pid), frag, err) from None
+            try:  # exact outputs where the driver takes them, else the bundle's shader as it is
+                prog = self._new(ctx.program(vertex_shader=vert, fragment_shader=exact_outputs(frag)))
+            except Exception:
+                try:
+                    prog = self._new(ctx.program(vertex_shader=vert, fragment_shader=frag))
+                except Exception as err:
+                    raise _compile_error(kernel_of.get(pid, pid), frag, err) from None
             self.programs[pid] = prog
             self.vaos[pid] = self._new(ctx.vertex_array(prog, [(vbo, "2f", "a_position")]))
             # A sampler's texture unit is its place in the program's list, set once; uniforms a
