@@ -206,5 +206,7 @@ def secure_main(server: Any, grid: Any, context: Any) -> Any:
     last = store.latest()
     acc = last.info.get("global", {}).get("accuracy") if last else None
     tail = f", test accuracy {100 * acc:.2f}%" if isinstance(acc, (int, float)) else ""
-    server._say(f"federated: {server.num_rounds} rounds, {n} clients (SecAgg+){tail}")
+    # The same last line as a plain run (what ``glcomp federated simulate`` promises); its header
+    # line and every round.json say the run was secure.
+    server._say(f"federated: {server.num_rounds} rounds, {n} clients{tail}")
     return server.result
