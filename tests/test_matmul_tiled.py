@@ -52,7 +52,7 @@ def force(monkeypatch: pytest.MonkeyPatch) -> Any:
     def apply(shape: tuple[int, int]) -> None:
         monkeypatch.setattr(tiling, "SHAPES", (shape,))
         monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
-        monkeypatch.setattr(tiling, "GATHER_FETCHES", 0)
+        monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
 
     return apply
 

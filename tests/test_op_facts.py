@@ -158,8 +158,10 @@ def test_lowering_registry_refuses_a_second_lowering():
 
 def test_every_family_template_is_used():
     """No template is left behind by a family that no longer asks for it (partials start with _;
-    map.frag.j2 renders fused roots; matmul_tiled.frag.j2 is the matmul family's blocked form)."""
+    map.frag.j2 renders fused roots; matmul_tiled.frag.j2 is the matmul family's blocked form;
+    a lowering's tiled_template its op's)."""
     used = {low.template for low in LOWERINGS.values()} | {"map", "matmul_tiled"}
+    used |= {low.tiled_template for low in LOWERINGS.values() if low.tiled_template}
     files = {p.name.removesuffix(".frag.j2") for p in TEMPLATES.glob("*.frag.j2")}
     assert files == used
 

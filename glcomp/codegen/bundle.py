@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from glcomp.codegen.families.matmul import render_tiled
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout, layout_for
@@ -265,8 +264,8 @@ def _emit_entry(
         if t is None:
             lowered = cache.lower(renderer, plan, kernel, hypers)
             parts = [(lowered, plan.written(kernel), layouts[kernel.roots[0]])]
-        else:  # a register-blocked draw into tiles, then a gather draw (glcomp.codegen.families.matmul)
-            block, gather = render_tiled(t, kernel, dict(layouts), plan.target)
+        else:  # a register-blocked draw into tiles, then a gather draw (families matmul, conv)
+            block, gather = t.render(kernel, dict(layouts), plan.target)
             parts = [
                 (Lowered.of(block), t.tiles, t.tile_layout(size)),
                 (Lowered.of(gather), plan.written(kernel), layouts[t.node]),

@@ -36,6 +36,7 @@ DRAW = 20_000  # element-iterations one draw call costs
 BLOCKED_DRAW = 1 << 20  # element-iterations a register-blocked draw or its gather draw costs
 FETCH = 4  # element-iterations one texel fetch counts (a texel holds four elements)
 RECOMPUTE = 2  # ops of fused arithmetic a loop kernel may recompute at each read of an operand
+GATHER_FETCHES = 2  # texel fetches a tiled kernel's gather draw spends per output texel (read, write)
 
 
 def draws(count: int, blocked: bool = False) -> int:

@@ -43,9 +43,9 @@ PASSES = {
     "blend": "accumulate sums of kernel results with additive blending (float-blend targets)",
     "fold_views": "fold transposes of transposes and reshapes of reshapes (IR rewrite, exact)",
     "split_reductions": "reduce long sums and maxima with few outputs in two parallel stages (IR rewrite)",
-    "split_weight_grads": "split long convolution weight gradients into partial sums side by side in one draw "
-    "(IR rewrite)",
-    "tiling": "run large matmuls as register-blocked multi-target draws plus a gather draw",
+    "split_weight_grads": "split long convolution weight gradients into partial sums side by side "
+    "in one draw (IR rewrite)",
+    "tiling": "run large matmuls and convolutions as register-blocked multi-target draws plus a gather draw",
 }
 
 # Measured on the test LSTM: pushing transposes down costs more draws than MRT fusion saves

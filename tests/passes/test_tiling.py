@@ -24,7 +24,7 @@ class LinearRelu(nn.Module):
 @pytest.fixture
 def forced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tiling, "SHAPES", ((2, 1),))
-    monkeypatch.setattr(tiling, "GATHER_FETCHES", 0)
+    monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
     monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
 
 

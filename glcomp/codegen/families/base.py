@@ -243,6 +243,10 @@ class Lowering:
     emit4:       fused ops: (context, node, leading index names) -> the vec4 form of the node, or
                  None where the texel is no texel of an operand (the renderer then gathers four
                  scalar calls).
+    tiled:       loop ops with a register-blocked form: (graph, kernel, layouts, target, extra
+                 draws) -> its tiling (an object with the Tiling interface: tiles, tile_layout,
+                 render, R, C, S) where the cost model says it pays, else None.
+    tiled_template: the template of that form (beside the family module).
     """
 
     op: str
@@ -254,6 +258,8 @@ class Lowering:
     root4t: Root4Hook | None = None
     emit: Callable[[RenderContext, int, list[str]], list[str]] | None = None
     emit4: Callable[[RenderContext, int, list[str]], Vec4Body | None] | None = None
+    tiled: Callable[..., Any] | None = None
+    tiled_template: str | None = None
 
     def __post_init__(self) -> None:
         kind = get_op(self.op).kind

@@ -4,11 +4,27 @@ window and channels per output element, or a texel at a time from stored operand
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from glcomp.codegen.families.base import Lowering, RenderContext, Shapes, Texture, register
+from glcomp.codegen import cost
+from glcomp.codegen.families.base import (
+    Lowering,
+    RenderContext,
+    Rendered,
+    Shapes,
+    Texture,
+    environment,
+    register,
+    safe_comment,
+)
+from glcomp.codegen.layout import Layout, layout_for
+from glcomp.codegen.target import Target
 from glcomp.ir.ops.conv import part_rows
+
+if TYPE_CHECKING:
+    from glcomp.codegen.kernels import Kernel
 
 
 @dataclass(frozen=True)
@@ -132,6 +148,155 @@ def weight_grad_root4(r: RenderContext, n: int) -> ConvTexel | None:
     )
 
 
+@dataclass(frozen=True)
+class ConvTiling:
+    """How one conv2d kernel is register-blocked (conv2d_tiled.frag.j2): product `node` =
+    conv2d(x, w) of the stored single-page textures `x` and `w`, R output channels of four output
+    columns per fragment, written to R tiles that a gather draw copies into the product's
+    layout. `shape` holds N, C, H, W, O, OH, OW, KH, KW; `stride`, `padding` the conv's.
+    Guarantee: each output element is the sum the texel kernel (conv2d.frag.j2 root4) computes,
+    in the same order; components past the row end are exactly zero."""
+
+    node: int
+    x: int
+    w: int
+    R: int
+    shape: tuple[int, ...]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    C: int = 1  # column texels per fragment (the matmul tiling's field, for the plan's printing)
+    S: int = 1  # chunks of the reduction (never split)
+
+    @property
+    def groups(self) -> int:
+        """Output-channel groups of R: fragments down the channels."""
+        return -(-self.shape[4] // self.R)
+
+    @property
+    def row_texels(self) -> int:
+        return math.ceil(self.shape[6] / 4)
+
+    def tile_layout(self, max_size: int) -> Layout:
+        """Each tile's texture: packed like an (N * OG * OH, 4 * RT) tensor."""
+        n, oh = self.shape[0], self.shape[5]
+        return layout_for((n * self.groups * oh, 4 * self.row_texels), max_size)
+
+    @property
+    def tiles(self) -> list[int]:
+        """Ids the memory plan uses for the tile temporaries (negative: never IR node ids)."""
+        return [-(self.node * 64 + i + 1) for i in range(self.R)]
+
+    def render(self, kernel: Kernel, layouts: dict[int, Layout], target: Target) -> tuple[Rendered, Rendered]:
+        """The block draw's and the gather draw's shaders."""
+        _, c, h, _, o, oh, ow, kh, kw = self.shape
+        (sh, sw), (ph, pw) = self.stride, self.padding
+        sx, s_w = f"s{self.x}_0", f"s{self.w}_0"
+        tiles = [f"s{self.node}_{i}" for i in range(self.R)]
+        tile = self.tile_layout(target.max_texture_size)
+        dmin, dmax = -pw // 4, (3 * sw + kw - 1 - pw) // 4
+        common = {
+            "webgl1": False,
+            "rgba8": False,
+            "node_ids": ", ".join(f"%{v}" for v in [*kernel.body, *kernel.roots]),
+            "origins": [safe_comment(v) for v in kernel.origins],
+            "uniforms": [],
+            "R": self.R,
+            "C": c,
+            "H": h,
+            "O": o,
+            "OG": self.groups,
+            "OH": oh,
+            "OW": ow,
+            "KH": kh,
+            "KW": kw,
+            "SH": sh,
+            "SW": sw,
+            "PH": ph,
+            "PW": pw,
+            "RT": self.row_texels,
+            "max_loop": target.max_loop_iterations,
+            "tile_texels": tile.texels,
+            "tile_tex": _tex(tile),
+        }
+        template = environment().get_template("conv2d_tiled.frag.j2")
+        block = template.render(
+            common
+            | {
+                "mode": "block",
+                "kernel_name": f"{kernel.name} (tiled {self.R} channels)",
+                "outputs": tiles,
+                "samplers": [sx, s_w],
+                "s_x": sx,
+                "s_w": s_w,
+                "x_tex": _tex(layouts[self.x]),
+                "w_tex": _tex(layouts[self.w]),
+                "dmin": dmin,
+                "D": dmax - dmin + 1,
+            }
+        )
+        out = layouts[self.node]
+        gather = template.render(
+            common
+            | {
+                "mode": "gather",
+                "kernel_name": f"{kernel.name} (gather)",
+                "outputs": [self.node],
+                "samplers": tiles,
+                "tiles": tiles,
+                "width": out.width,
+                "texels": out.texels,
+            }
+        )
+        block_samplers = [(sx, self.x, 0), (s_w, self.w, 0)]
+        gather_samplers = [(t, tid, 0) for t, tid in zip(tiles, self.tiles, strict=True)]
+        return Rendered(block, block_samplers, []), Rendered(gather, gather_samplers, [])
+
+
+def _tex(lay: Layout) -> dict[str, Any]:
+    return {"w": lay.width, "shift": lay.width.bit_length() - 1, "rt": lay.row_texels}
+
+
+# Output channels per fragment tried by the conv tiling (one render target each).
+CONV_CHANNELS = (8, 4, 2)
+
+
+def choose_conv_tiling(
+    graph: Any, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
+) -> ConvTiling | None:
+    """The register-blocked form of a lone conv2d kernel over stored single-page x and w
+    (ungrouped), or None: R output channels a fragment share each fetch of x, so a kernel row of
+    a channel costs D / R + ceil(KW / 4) fetches per output texel instead of D + ceil(KW / 4);
+    chosen where the saved fetches pay for the gather draw and the blocked draws."""
+    (n,) = kernel.roots
+    if kernel.body or graph.attrs(n).get("groups", 1) != 1 or layouts[n].pages != 1:
+        return None
+    x, w = graph.operands(n)
+    if not (all(v in kernel.leaves and layouts[v].pages == 1 for v in (x, w))):
+        return None
+    (batch, c, h, wd), (o, _, kh, kw) = graph.shape(x), graph.shape(w)
+    oh, ow = graph.shape(n)[2:]
+    (sh, sw), (ph, pw) = graph.attrs(n)["stride"], graph.attrs(n)["padding"]
+    d = (3 * sw + kw - 1 - pw) // 4 - (-pw // 4) + 1  # x texels a kernel row reads (conv2d_root4)
+    wrt, rt = math.ceil(kw / 4), math.ceil(ow / 4)
+    texels = batch * o * oh * rt
+    today = cost.fetches(texels * c * kh * (d + wrt))
+    best: tuple[float, int] | None = None
+    for r in CONV_CHANNELS:
+        if r > target.max_draw_buffers or r > o:
+            continue
+        tiling = ConvTiling(n, x, w, r, (batch, c, h, wd, o, oh, ow, kh, kw), (sh, sw), (ph, pw))
+        if tiling.tile_layout(target.max_texture_size).pages != 1:
+            continue
+        blocks = batch * tiling.groups * oh * rt
+        work = cost.fetches(blocks * c * kh * (d + r * wrt) + texels * cost.GATHER_FETCHES)
+        work += cost.draws(1 + extra_draws, blocked=True)
+        if best is None or work < best[0]:
+            best = (work, r)
+    if best is None or best[0] >= today:
+        return None
+    return ConvTiling(n, x, w, best[1], (batch, c, h, wd, o, oh, ow, kh, kw), (sh, sw), (ph, pw))
+
+
 def _extent(*axes: tuple[int, int]) -> Any:
     """A loop extent: the product of the given (operand, axis) sizes of the input shapes."""
 
@@ -164,6 +329,8 @@ register(
         loop_extent=_extent((1, 1), (1, 2), (1, 3)),
         root=conv2d_root,
         root4=conv2d_root4,
+        tiled=choose_conv_tiling,
+        tiled_template="conv2d_tiled",
     )
 )
 register(

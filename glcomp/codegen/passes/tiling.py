@@ -25,6 +25,8 @@ import math
 
 from glcomp.codegen import cost
 from glcomp.codegen.families import is_fused, template_of
+from glcomp.codegen.families.base import lowering
+from glcomp.codegen.families.conv import ConvTiling
 from glcomp.codegen.families.matmul import Tiling
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import LOOP, Kernel
@@ -36,8 +38,6 @@ from glcomp.ir.passes.split_reductions import split_factor
 
 # Block shapes (R rows, C column texels) tried, R * C render targets each.
 SHAPES = ((8, 1), (4, 2), (4, 1), (2, 2), (2, 1))
-# The gather pass's work per output texel, in texel fetches (one fetch, one write).
-GATHER_FETCHES = 2
 # Split K: a product with at most FEW_TEXELS output texels and at least LONG_STEPS steps of 4 along K
 # loops serially in too few fragments (the thresholds of glcomp.ir.passes.split_reductions, in texels).
 FEW_TEXELS = 256
@@ -113,14 +113,18 @@ def split_chunks(m: int, k: int, cols: int) -> int:
 
 def choose_tiling(
     graph: Graph, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
-) -> Tiling | None:
-    """The tiling of `kernel`, or None when it keeps the one-texel kernel: not a lone matmul of
-    stored single-page operands, a target without GLSL ES 3.00 or 2 draw buffers, tiles larger than
-    the target's textures, or too little work for the saved fetches to pay for the gather draw
-    (and `extra_draws` more draws, e.g. an epilogue split off the product)."""
+) -> Tiling | ConvTiling | None:
+    """The tiling of `kernel` (a family's own where its lowering has one, as conv2d's), or None
+    when it keeps the one-texel kernel: not a lone matmul of stored single-page operands, a
+    target without GLSL ES 3.00 or 2 draw buffers, tiles larger than the target's textures, or
+    too little work for the saved fetches to pay for the gather draw (and `extra_draws` more
+    draws, e.g. an epilogue split off the product)."""
     if target.webgl1 or target.max_draw_buffers < 2 or len(kernel.roots) != 1:
         return None
     (n,) = kernel.roots
+    low = lowering(graph.op(n))
+    if low is not None and low.tiled is not None:  # a family's own blocked form (conv2d)
+        return low.tiled(graph, kernel, layouts, target, extra_draws)
     if get_op(graph.op(n)).kind != "matmul" or len(graph.shape(n)) != 2 or layouts[n].pages != 1:
         return None
     a, b = graph.operands(n)
@@ -162,7 +166,7 @@ def choose_tiling(
             continue
         if a_form == "t" and r % 4:
             continue
-        work = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * GATHER_FETCHES)
+        work = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * cost.GATHER_FETCHES)
         work += cost.draws(1 + extra_draws, blocked=True)
         if best is None or work < best[0]:
             best = (work, r, c)
@@ -191,20 +195,27 @@ def _closure(graph: Graph, start: int, kernel: Kernel, stop: int | None) -> tupl
     return [n for n in kernel.body if n in body], ordered_leaves + sorted(leaves - set(order))
 
 
+def _has_tiled_form(graph: Graph, n: int) -> bool:
+    low = lowering(graph.op(n))
+    return low is not None and low.tiled is not None
+
+
 def split_epilogues(
     kernels: list[Kernel], graph: Graph, layouts: dict[int, Layout], target: Target, keep: set[str]
 ) -> tuple[list[Kernel], set[int]]:
-    """Kernels whose single map root reads a fused matmul (a Linear's bias, an activation) as
-    two kernels, the product on its own (so it can be tiled) and the epilogue reading it as a
-    stored texture, where the tiling pays for its two extra draws. `keep`: kernel names left as
-    they are. Returns the new kernel list and the products that became stored values.
+    """Kernels whose single map root reads a fused matmul or conv2d (a Linear's or a conv's bias,
+    an activation) as two kernels, the product on its own (so it can be tiled) and the epilogue
+    reading it as a stored texture, where the tiling pays for its two extra draws. `keep`: kernel
+    names left as they are. Returns the new kernel list and the products that became stored values.
     Guarantee: the same values are computed in the same order; the split product is written
     before its epilogue reads it."""
     out: list[Kernel] = []
     stored: set[int] = set()
     for k in kernels:
         loops = [n for n in k.body if not is_fused(graph, n)]
-        lone = len(loops) == 1 and get_op(graph.op(loops[0])).kind == "matmul"
+        lone = len(loops) == 1 and (
+            get_op(graph.op(loops[0])).kind == "matmul" or _has_tiled_form(graph, loops[0])
+        )
         if k.name in keep or len(k.roots) != 1 or not lone:
             out.append(k)
             continue

@@ -1,0 +1,114 @@
+"""Register-blocked conv2d (glcomp.codegen.families.conv.ConvTiling, conv2d_tiled.frag.j2): R output
+channels of four columns a fragment into R render targets, gathered into the product's layout.
+GL against the reference runtime over strides, paddings, kernel sizes and channel counts that R
+does not divide; the bias and activation epilogue split off after the gather; WebGL 1 and grouped
+convolutions keep the texel kernel; the cost model tiles large convolutions only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import glcomp
+from glcomp import nn, optim
+from glcomp.codegen import cost
+from glcomp.codegen.families import conv as conv_family
+
+
+@pytest.fixture
+def force(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Tile every eligible convolution with R channels a fragment (draws free)."""
+
+    def use(channels: int) -> None:
+        monkeypatch.setattr(conv_family, "CONV_CHANNELS", (channels,))
+        monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
+        monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
+
+    return use
+
+
+def _program(
+    c: int, o: int, k: int, stride: int, pad: int, size: int, target: str = "webgl2", groups: int = 1
+) -> glcomp.Program:
+    """Two convolutions (the second reads the first's stored ReLU) and a Linear head."""
+    out = size
+    for _ in range(2):
+        out = (out + 2 * pad - k) // stride + 1
+    glcomp.manual_seed(1)
+    model = nn.Sequential(
+        nn.Conv2d(c, o, k, stride=stride, padding=pad, groups=groups),
+        nn.ReLU(),
+        nn.Conv2d(o, o, k, stride=stride, padding=pad, groups=groups),
+        nn.Flatten(),
+        nn.Linear(o * out * out, 3),
+    )
+    return glcomp.compile(
+        model,
+        {"x": (2, c, size, size)},
+        loss=nn.CrossEntropyLoss(),
+        optimizer=optim.SGD(lr=0.05),
+        target=target,
+        max_draw_buffers=8,
+    )
+
+
+def _tiled(prog: glcomp.Program, entry: str) -> list[str]:
+    """The plan lines of `entry`'s register-blocked convolutions."""
+    text = prog.explain(dump_after="tiling").split(f"plan {entry} after tiling")[1].split("\nplan ")[0]
+    return [line for line in text.splitlines() if " tiled " in line and " conv2d " in line]
+
+
+CASES = [
+    # (in channels, out channels, kernel, stride, padding, size, channels a fragment)
+    (3, 8, 3, 1, 1, 9, 4),
+    (4, 6, 3, 1, 0, 10, 4),  # 6 channels: the last group of 4 clamps
+    (2, 5, 5, 2, 2, 13, 2),  # stride 2, a 5x5 window
+    (3, 8, 1, 1, 0, 7, 8),  # pointwise
+    (2, 3, 2, 2, 1, 6, 2),  # even kernel, padding past a texel
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_tiled_conv_matches_reference(case: tuple[int, ...], force: Any, gl_runtime: Any) -> None:
+    c, o, k, stride, pad, size, r = case
+    force(r)
+    prog = _program(c, o, k, stride, pad, size)
+    assert _tiled(prog, "train_step"), prog.explain(dump_after="tiling")
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(2, c, size, size)).astype(np.float32), rng.integers(0, 3, size=2)
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=1e-4, atol=1e-5)
+        for _ in range(3):
+            np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=1e-4)
+        state = ref.state_dict()
+        for name, value in gl.state_dict().items():
+            np.testing.assert_allclose(value, state[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_webgl1_and_grouped_convolutions_keep_the_texel_kernel(force: Any, gl_runtime: Any) -> None:
+    force(4)
+    assert not _tiled(_program(3, 8, 3, 1, 1, 9, target="webgl1"), "train_step")
+    assert not _tiled(_program(4, 8, 3, 1, 1, 9, groups=2), "train_step")
+
+
+def test_cost_model_tiles_large_convolutions_only() -> None:
+    small = _program(3, 8, 3, 1, 1, 9)
+    assert not _tiled(small, "train_step")
+    glcomp.manual_seed(0)
+    big = glcomp.compile(
+        nn.Sequential(
+            nn.Conv2d(64, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, padding=1),
+            nn.Flatten(),
+            nn.Linear(64 * 256, 2),
+        ),
+        {"x": (16, 64, 16, 16)},
+        loss=nn.CrossEntropyLoss(),
+        optimizer=optim.SGD(lr=0.01),
+    )
+    lines = _tiled(big, "train_step")
+    assert len(lines) == 2 and all(" tiled 4x1" in line for line in lines), lines  # 4 draw buffers
