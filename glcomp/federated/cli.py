@@ -22,6 +22,7 @@ import numpy as np
 from glcomp.errors import GlcompError
 
 RUNTIMES = ("gl", "reference", "mixed")
+ENGINES = ("simulation", "deployment")
 
 
 def _positive(text: str) -> int:
@@ -82,6 +83,13 @@ def add_federated_command(sub: Any) -> None:
         metavar="DIR",
         help="federation directory (default runs/federated-<example>; resumed if present)",
     )
+    s.add_argument(
+        "--engine",
+        default="simulation",
+        choices=ENGINES,
+        help="Flower's simulation engine (default), or a SuperLink and one SuperNode process per site "
+        "on 127.0.0.1 (flwr run)",
+    )
     s.set_defaults(func=cmd_simulate)
 
 
@@ -98,6 +106,35 @@ def load_example(source: str) -> Any:
     return _train_spec(_call_user(build, f"{source}: build()"), source)
 
 
+def prepare(source: str, clients: int, partition: str, seed: int, runtime: str, progress: Any = None) -> Any:
+    """Compile an example and deal its training set out: (spec, program, sites), the same in
+    every process that calls it with the same arguments (the split depends only on the seed)."""
+    import glcomp
+    from glcomp.federated import Site
+    from glcomp.federated.partition import partition as deal
+
+    if runtime not in RUNTIMES:
+        raise GlcompError(f"--runtime: expected one of {RUNTIMES}, got {runtime!r}")
+    spec = load_example(source)
+    if spec.target_spec is not None:
+        raise GlcompError(f'{source}: federated simulate takes a loss module, not loss "forward"')
+    name = next(iter(spec.inputs))
+    prog = glcomp.compile(
+        spec.model, spec.inputs, spec.loss, spec.optimizer, target=spec.target, target_name=spec.target_name
+    )
+    parts = deal(spec.y_train, clients, partition, seed, min_rows=spec.batch_size)
+    labels = np.issubdtype(np.asarray(spec.y_train).dtype, np.integer) and np.ndim(spec.y_train) == 1
+    sites = []
+    for i, idx in enumerate(parts):
+        kind = runtime if runtime != "mixed" else ("gl", "reference")[i % 2]
+        site = Site(f"site-{i}", {name: spec.x_train[idx], spec.target_name: spec.y_train[idx]}, kind)
+        sites.append(site)
+        if progress is not None:
+            per_class = f", per class {np.bincount(spec.y_train[idx]).tolist()}" if labels else ""
+            progress(f"{site.name} ({kind}): {len(idx)} rows{per_class}")
+    return spec, prog, sites
+
+
 def simulate(
     source: str,
     *,
@@ -112,41 +149,37 @@ def simulate(
     out: str | Path | None = None,
     client_class: Any = None,
     progress: Any = print,
+    engine: str = "simulation",
 ) -> Any:
     """Run ``glcomp federated simulate`` and return the GlcompServer (its ``out_dir`` holds every
     round; ``glcomp.federated.history(out_dir)`` lists them). `client_class`: a GlcompClient
     subclass to run at the sites instead (tests use it to break a site)."""
-    import glcomp
-    from glcomp.federated import GlcompClient, GlcompServer, Site, run_simulation
-    from glcomp.federated.partition import partition as deal
+    from glcomp.federated import GlcompClient, GlcompServer, run_simulation
 
-    if runtime not in RUNTIMES:
-        raise GlcompError(f"--runtime: expected one of {RUNTIMES}, got {runtime!r}")
-    spec = load_example(source)
-    if spec.target_spec is not None:
-        raise GlcompError(f'{source}: federated simulate takes a loss module, not loss "forward"')
-    name = next(iter(spec.inputs))
-    start = time.perf_counter()
-    prog = glcomp.compile(
-        spec.model,
-        spec.inputs,
-        spec.loss,
-        spec.optimizer,
-        target=spec.target,
-        target_name=spec.target_name,
-    )
+    if engine not in ENGINES:
+        raise GlcompError(f"--engine: expected one of {ENGINES}, got {engine!r}")
     stem = Path(source).stem
     out_dir = Path(out) if out is not None else Path("runs") / f"federated-{stem}"
-    parts = deal(spec.y_train, clients, partition, seed, min_rows=spec.batch_size)
-    labels = np.issubdtype(np.asarray(spec.y_train).dtype, np.integer) and np.ndim(spec.y_train) == 1
-    sites = []
-    for i, idx in enumerate(parts):
-        kind = runtime if runtime != "mixed" else ("gl", "reference")[i % 2]
-        site = Site(f"site-{i}", {name: spec.x_train[idx], spec.target_name: spec.y_train[idx]}, kind)
-        sites.append(site)
-        if progress is not None:
-            per_class = f", per class {np.bincount(spec.y_train[idx]).tolist()}" if labels else ""
-            progress(f"{site.name} ({kind}): {len(idx)} rows{per_class}")
+    if engine == "deployment":
+        if secure or client_class is not None:
+            raise GlcompError("--engine deployment: --secure (SecAgg+) is not supported there yet")
+        from glcomp.federated.deploy import run_deployment
+
+        return run_deployment(
+            source,
+            out_dir,
+            clients=clients,
+            rounds=rounds,
+            partition=partition,
+            seed=seed,
+            epochs=epochs,
+            strategy=strategy,
+            runtime=runtime,
+            progress=progress,
+        )
+    start = time.perf_counter()
+    spec, prog, sites = prepare(source, clients, partition, seed, runtime, progress)
+    name = next(iter(spec.inputs))
     if progress is not None:
         progress(
             f"compiled {stem} in {time.perf_counter() - start:.1f} s; {clients} clients, {rounds} rounds, "
@@ -186,6 +219,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         runtime=args.runtime,
         out=args.out,
+        engine=args.engine,
     )
     done = [r for r in history(server.out_dir) if r["round"] > 0]
     if len(done) < args.rounds:
@@ -193,4 +227,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_federated_command", "cmd_simulate", "load_example", "simulate"]
+__all__ = [
+    "ENGINES",
+    "RUNTIMES",
+    "add_federated_command",
+    "cmd_simulate",
+    "load_example",
+    "prepare",
+    "simulate",
+]
