@@ -179,3 +179,55 @@ def test_simulate_reaches_90_percent_on_non_iid_sites_and_compares_with_centrali
     assert first is not None and first <= rounds, got
     assert federated >= 90.0 and central >= 90.0
     assert federated >= central - 5.0  # non-IID FedAvg stays within 5 points of pooled training
+
+
+# -- the deployment engine: processes on 127.0.0.1, one killed mid-federation (slow) -------------------
+@pytest.mark.slow_only
+def test_deployment_engine_survives_a_killed_supernode(tmp_path: Path) -> None:
+    """A SuperLink and three SuperNode processes; site-2's SuperNode (and its ClientApp process)
+    is SIGKILLed as round 2 starts: round 2 completes with the other two after the round timeout,
+    and site-2's restarted SuperNode (a new Flower node, same partition-id) rejoins round 3."""
+    import time
+
+    from glcomp.federated.deploy import run_deployment
+
+    lines: list[str] = []
+    events: list[str] = []
+
+    def on_round(fed: Any, info: dict[str, Any]) -> None:
+        if info["round"] == 1:  # round 2 has just been sent out
+            fed.kill(2)
+            events.append("killed")
+            time.sleep(1.0)
+            # Back during round 2 (which waits for the dead node until the round timeout), so the
+            # new node is registered when round 3 samples the nodes.
+            fed.restart(2)
+            events.append("restarted")
+
+    out = tmp_path / "fed"
+    result = run_deployment(
+        EXAMPLE,
+        out,
+        clients=3,
+        rounds=3,
+        partition="dirichlet:0.5",
+        seed=0,
+        epochs=3,
+        strategy="fedavg",
+        runtime="reference",
+        progress=lines.append,
+        round_timeout=30.0,
+        min_clients=2,
+        total_timeout=400.0,
+        on_round=on_round,
+    )
+    assert events == ["killed", "restarted"]
+    rounds = _rounds(lines)
+    names = {r["round"]: sorted(s["name"] for s in r["sites"]) for r in result.history}
+    assert names[1] == ["site-0", "site-1", "site-2"], lines
+    assert names[2] == ["site-0", "site-1"], lines  # the round went on without the killed site
+    assert names[3] == ["site-0", "site-1", "site-2"], lines  # which rejoined
+    assert rounds[1][3] < rounds[3][3]
+    times = [r["seconds"] for r in result.history]
+    print(f"deployment engine: seconds per round {[round(t, 1) for t in times]}; {lines[-1]}")
+    assert FINAL_LINE.match(lines[-1])
