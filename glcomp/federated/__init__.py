@@ -12,6 +12,9 @@ one is rejected with a GlcompError naming the site and tensor, never aggregated.
 - `Site`, `local_train`, `evaluate`, `check_update`, `RoundStore`: the Flower-free pieces
   (glcomp.federated.core);
 - `run_simulation`: Flower's in-process simulation of a server and its sites.
+- ``glcomp federated simulate``: an example's data dealt out to N sites (glcomp.federated.partition)
+  and federated on Flower's simulation engine or, ``--engine deployment``, on a SuperLink and
+  SuperNode processes on 127.0.0.1 (glcomp.federated.cli, glcomp.federated.deploy).
 
 Importing this package does not import Flower; building an app does. Flower's telemetry is
 switched off (``FLWR_TELEMETRY_ENABLED=0``) unless the environment sets it.
