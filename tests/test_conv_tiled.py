@@ -32,7 +32,7 @@ def force(monkeypatch: pytest.MonkeyPatch) -> Any:
 def _program(
     c: int, o: int, k: int, stride: int, pad: int, size: int, target: str = "webgl2", groups: int = 1
 ) -> glcomp.Program:
-    """Two convolutions (the second reads the first's stored ReLU) and a Linear head."""
+    """Two convolutions (the second reads the first's stored ReLU), a Tanh and a Linear head."""
     out = size
     for _ in range(2):
         out = (out + 2 * pad - k) // stride + 1
@@ -41,6 +41,7 @@ def _program(
         nn.Conv2d(c, o, k, stride=stride, padding=pad, groups=groups),
         nn.ReLU(),
         nn.Conv2d(o, o, k, stride=stride, padding=pad, groups=groups),
+        nn.Tanh(),  # its gradient is stored: both the input and the weight gradient read it
         nn.Flatten(),
         nn.Linear(o * out * out, 3),
     )
@@ -54,10 +55,10 @@ def _program(
     )
 
 
-def _tiled(prog: glcomp.Program, entry: str) -> list[str]:
-    """The plan lines of `entry`'s register-blocked convolutions."""
+def _tiled(prog: glcomp.Program, entry: str, template: str = "conv2d") -> list[str]:
+    """The plan lines of `entry`'s register-blocked kernels of `template`."""
     text = prog.explain(dump_after="tiling").split(f"plan {entry} after tiling")[1].split("\nplan ")[0]
-    return [line for line in text.splitlines() if " tiled " in line and " conv2d " in line]
+    return [line for line in text.splitlines() if " tiled " in line and f" {template} " in line]
 
 
 CASES = [
@@ -76,6 +77,8 @@ def test_tiled_conv_matches_reference(case: tuple[int, ...], force: Any, gl_runt
     force(r)
     prog = _program(c, o, k, stride, pad, size)
     assert _tiled(prog, "train_step"), prog.explain(dump_after="tiling")
+    # the second convolution's input gradient (stride 1) runs blocked too
+    assert bool(_tiled(prog, "train_step", "conv2d_input_grad")) == (stride == 1)
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(2, c, size, size)).astype(np.float32), rng.integers(0, 3, size=2)
     ref = prog.runtime("reference")

@@ -153,7 +153,10 @@ class ConvTiling:
     """How one conv2d kernel is register-blocked (conv2d_tiled.frag.j2): product `node` =
     conv2d(x, w) of the stored single-page textures `x` and `w`, R output channels of four output
     columns per fragment, written to R tiles that a gather draw copies into the product's
-    layout. `shape` holds N, C, H, W, O, OH, OW, KH, KW; `stride`, `padding` the conv's.
+    layout. `shape` holds N, C, H, W, O, OH, OW, KH, KW (the source's channels and size, the
+    output's channels and size, the window); `stride`, `padding` the conv's. With `adjoint` the
+    product is conv2d_input_grad(g, w) at stride 1: the source is g (C = the conv's O), the
+    output the input gradient (O = the conv's C), the taps mirrored.
     Guarantee: each output element is the sum the texel kernel (conv2d.frag.j2 root4) computes,
     in the same order; components past the row end are exactly zero."""
 
@@ -166,6 +169,7 @@ class ConvTiling:
     padding: tuple[int, int]
     C: int = 1  # column texels per fragment (the matmul tiling's field, for the plan's printing)
     S: int = 1  # chunks of the reduction (never split)
+    adjoint: bool = False  # conv2d_input_grad (stride 1): x is the gradient g, the loop runs over O
 
     @property
     def groups(self) -> int:
@@ -193,7 +197,7 @@ class ConvTiling:
         sx, s_w = f"s{self.x}_0", f"s{self.w}_0"
         tiles = [f"s{self.node}_{i}" for i in range(self.R)]
         tile = self.tile_layout(target.max_texture_size)
-        dmin, dmax = -pw // 4, (3 * sw + kw - 1 - pw) // 4
+        dmin, dmax = conv_texels(self.adjoint, sw, kw, pw)
         common = {
             "webgl1": False,
             "rgba8": False,
@@ -214,6 +218,7 @@ class ConvTiling:
             "PH": ph,
             "PW": pw,
             "RT": self.row_texels,
+            "adjoint": self.adjoint,
             "max_loop": target.max_loop_iterations,
             "tile_texels": tile.texels,
             "tile_tex": _tex(tile),
@@ -223,7 +228,7 @@ class ConvTiling:
             common
             | {
                 "mode": "block",
-                "kernel_name": f"{kernel.name} (tiled {self.R} channels)",
+                "kernel_name": f"{kernel.name} (tiled {self.R} channels{' of the adjoint' * self.adjoint})",
                 "outputs": tiles,
                 "samplers": [sx, s_w],
                 "s_x": sx,
@@ -260,31 +265,46 @@ def _tex(lay: Layout) -> dict[str, Any]:
 CONV_CHANNELS = (8, 4, 2)
 
 
+def conv_texels(adjoint: bool, sw: int, kw: int, pw: int) -> tuple[int, int]:
+    """The first and last texel (relative to the output texel's own, times the stride) of the
+    source row that the taps of four output columns read: conv2d_root4's and input_grad_root4's."""
+    if adjoint:
+        return (pw - kw + 1) // 4, (pw + 3) // 4
+    return -pw // 4, (3 * sw + kw - 1 - pw) // 4
+
+
 def choose_conv_tiling(
     graph: Any, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
 ) -> ConvTiling | None:
-    """The register-blocked form of a lone conv2d kernel over stored single-page x and w
-    (ungrouped), or None: R output channels a fragment share each fetch of x, so a kernel row of
-    a channel costs D / R + ceil(KW / 4) fetches per output texel instead of D + ceil(KW / 4);
-    chosen where the saved fetches pay for the gather draw and the blocked draws."""
+    """The register-blocked form of a lone conv2d kernel (or a stride-1 conv2d_input_grad) over
+    stored single-page source and weights (ungrouped), or None: R output channels a fragment share
+    each fetch of the source row, so a kernel row of a channel costs D / R + ceil(KW / 4) fetches
+    per output texel instead of D + ceil(KW / 4); chosen where the saved fetches pay for the
+    gather draw and the blocked draws."""
     (n,) = kernel.roots
+    adjoint = graph.op(n) == "conv2d_input_grad"
     if kernel.body or graph.attrs(n).get("groups", 1) != 1 or layouts[n].pages != 1:
         return None
-    x, w = graph.operands(n)
-    if not (all(v in kernel.leaves and layouts[v].pages == 1 for v in (x, w))):
+    if adjoint and tuple(graph.attrs(n)["stride"]) != (1, 1):
         return None
-    (batch, c, h, wd), (o, _, kh, kw) = graph.shape(x), graph.shape(w)
-    oh, ow = graph.shape(n)[2:]
+    x, w = graph.operands(n)
+    if not all(v in kernel.leaves and layouts[v].pages == 1 for v in (x, w)):
+        return None
+    batch, c, h, wd = graph.shape(x)
+    o, oh, ow = graph.shape(n)[1:]
+    kh, kw = graph.shape(w)[2:]
     (sh, sw), (ph, pw) = graph.attrs(n)["stride"], graph.attrs(n)["padding"]
-    d = (3 * sw + kw - 1 - pw) // 4 - (-pw // 4) + 1  # x texels a kernel row reads (conv2d_root4)
+    dmin, dmax = conv_texels(adjoint, sw, kw, pw)
+    d = dmax - dmin + 1
     wrt, rt = math.ceil(kw / 4), math.ceil(ow / 4)
     texels = batch * o * oh * rt
     today = cost.fetches(texels * c * kh * (d + wrt))
+    shape = (batch, c, h, wd, o, oh, ow, kh, kw)
     best: tuple[float, int] | None = None
     for r in CONV_CHANNELS:
         if r > target.max_draw_buffers or r > o:
             continue
-        tiling = ConvTiling(n, x, w, r, (batch, c, h, wd, o, oh, ow, kh, kw), (sh, sw), (ph, pw))
+        tiling = ConvTiling(n, x, w, r, shape, (sh, sw), (ph, pw), adjoint=adjoint)
         if tiling.tile_layout(target.max_texture_size).pages != 1:
             continue
         blocks = batch * tiling.groups * oh * rt
@@ -294,7 +314,7 @@ def choose_conv_tiling(
             best = (work, r)
     if best is None or best[0] >= today:
         return None
-    return ConvTiling(n, x, w, best[1], (batch, c, h, wd, o, oh, ow, kh, kw), (sh, sw), (ph, pw))
+    return ConvTiling(n, x, w, best[1], shape, (sh, sw), (ph, pw), adjoint=adjoint)
 
 
 def _extent(*axes: tuple[int, int]) -> Any:
@@ -340,6 +360,8 @@ register(
         loop_extent=_input_grad_extent,
         root=input_grad_root,
         root4=input_grad_root4,
+        tiled=choose_conv_tiling,
+        tiled_template="conv2d_tiled",
     )
 )
 register(
