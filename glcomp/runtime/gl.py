@@ -496,12 +496,16 @@ class GLRuntime:
         return self._run(entry, inputs, read)
 
     def _run(
-        self, entry: str, inputs: dict[str, Any], read: list[str] | None = None
+        self, entry: str, inputs: dict[str, Any], read: list[str] | None = None, *, visible: bool = False
     ) -> dict[str, np.ndarray]:
+        """Run `entry` and read back `read` (None: every output, or with `visible` those the
+        runtime call returns, not the inspector's)."""
         m = self.manifest
         if entry not in m["entries"]:
             raise GlcompError(f"{entry}: not in this bundle (compile with a loss and an optimizer)")
         e = m["entries"][entry]
+        if read is None and visible:
+            read = visible_outputs(e)
         specs = {name: m["inputs"][name] for name in e["inputs"]}
         feeds = check_feeds(entry, specs, inputs)
         for name, value in feeds.items():
@@ -552,13 +556,13 @@ class GLRuntime:
     @_gl_call
     def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
         refuse_positional("predict", args, self._input_names("predict"))
-        out = self._run("predict", inputs, visible_outputs(self.manifest["entries"]["predict"]))
+        out = self._run("predict", inputs, visible=True)
         return out["output"] if list(out) == ["output"] else out
 
     @_gl_call
     def gradients(self, *args: Any, **inputs: Any) -> dict[str, np.ndarray]:
         refuse_positional("gradients", args, self._input_names("gradients"))
-        out = self._run("gradients", inputs, visible_outputs(self.manifest["entries"]["gradients"]))
+        out = self._run("gradients", inputs, visible=True)
         return {k[5:]: v for k, v in out.items() if k.startswith("grad:")}
 
     @_gl_call
