@@ -161,8 +161,8 @@ def simulate(
     stem = Path(source).stem
     out_dir = Path(out) if out is not None else Path("runs") / f"federated-{stem}"
     if engine == "deployment":
-        if secure or client_class is not None:
-            raise GlcompError("--engine deployment: --secure (SecAgg+) is not supported there yet")
+        if client_class is not None:
+            raise GlcompError("--engine deployment runs glcomp's own client app (no client_class)")
         from glcomp.federated.deploy import run_deployment
 
         return run_deployment(
@@ -175,6 +175,7 @@ def simulate(
             epochs=epochs,
             strategy=strategy,
             runtime=runtime,
+            secure=secure,
             progress=progress,
         )
     start = time.perf_counter()

@@ -69,8 +69,20 @@ def _prepared(cfg: dict[str, Any]) -> Any:
 _PREPARED: dict[Any, Any] = {}
 _CLIENTS: dict[Any, Any] = {}
 
+
+def _secagg_when_asked(msg: Any, context: Any, call_next: Any) -> Any:
+    """Flower's secaggplus_mod for the messages of a SecAgg+ round, the plain path otherwise (the
+    app is one module for secure and plain runs; secaggplus_mod refuses plain train messages)."""
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
 server = fl.serverapp.ServerApp()
-client = fl.clientapp.ClientApp()
+client = fl.clientapp.ClientApp(mods=[_secagg_when_asked])
 
 
 @server.main()
@@ -91,6 +103,7 @@ def _server_main(grid: Any, context: Any) -> Any:
         min_clients=int(cfg.get("min-clients", cfg["clients"])),
         eval_data={name: spec.x_test, spec.target_name: spec.y_test},
         timeout=float(cfg.get("round-timeout", ROUND_TIMEOUT)),
+        secure=bool(cfg.get("secure", False)),
     )
     return glcomp_server.main(grid, context)
 
@@ -284,6 +297,7 @@ def run_deployment(
     epochs: int,
     strategy: str,
     runtime: str,
+    secure: bool = False,
     progress: Any = print,
     round_timeout: float = ROUND_TIMEOUT,
     min_clients: int | None = None,
@@ -313,6 +327,7 @@ def run_deployment(
         "epochs": epochs,
         "strategy": strategy,
         "runtime": runtime,
+        "secure": bool(secure),
         "round-timeout": float(round_timeout),
     }
     app_dir = write_app(out_dir / "app", config)
@@ -320,7 +335,8 @@ def run_deployment(
     with Federation(out_dir, clients) as fed:
         if progress is not None:
             progress(
-                f"{clients} clients, {rounds} rounds, partition {partition}, {epochs} local epoch(s); "
+                f"{clients} clients, {rounds} rounds, partition {partition}, {epochs} local epoch(s)"
+                f"{', SecAgg+' if secure else ''}; "
                 f"Flower deployment engine: SuperLink on 127.0.0.1:{fed.port}, {clients} SuperNodes"
             )
         run = fed.run(app_dir, total_timeout)
