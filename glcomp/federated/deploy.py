@@ -240,7 +240,6 @@ class Federation:
 
     def start(self) -> Federation:
         argv = [_tool("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(self.port)]
-        argv += ["--database", ":flwr-in-memory-state:"]
         self.superlink = self._spawn(argv, "superlink.log")
         _wait_port(self.port, self.superlink, "flower-superlink", self.logs / "superlink.log")
         for i in range(self.clients):
