@@ -115,3 +115,22 @@ def test_cost_model_tiles_large_convolutions_only() -> None:
     )
     lines = _tiled(big, "train_step")
     assert len(lines) == 2 and all(" tiled 4x1" in line for line in lines), lines  # 4 draw buffers
+
+
+def test_tiled_conv_with_half_float_storage(force: Any, gl_runtime: Any) -> None:
+    """Tiles are textures of the bundle's storage: with f16 the blocked steps stay within f16's
+    tolerance of the reference."""
+    force(4)
+    glcomp.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 3))
+    prog = glcomp.compile(
+        model, {"x": (2, 3, 8, 8)}, loss=nn.CrossEntropyLoss(), optimizer=optim.SGD(lr=0.05), storage="f16"
+    )
+    assert _tiled(prog, "train_step")
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(2, 3, 8, 8)).astype(np.float32), rng.integers(0, 3, size=2)
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=5e-3, atol=5e-3)
+        losses = [float(gl.train_step(x=x, y=y)) for _ in range(3)]
+    np.testing.assert_allclose(losses, [float(ref.train_step(x=x, y=y)) for _ in range(3)], rtol=5e-3)
