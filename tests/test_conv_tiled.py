@@ -1,5 +1,6 @@
-"""Register-blocked conv2d (glcomp.codegen.families.conv.ConvTiling, conv2d_tiled.frag.j2): R output
-channels of four columns a fragment into R render targets, gathered into the product's layout.
+"""Register-blocked convolutions (glcomp.codegen.families.conv: ConvTiling for conv2d and stride-1
+input gradients, WeightGradTiling for weight gradients): R output channels a fragment into R render
+targets, gathered into the product's layout.
 GL against the reference runtime over strides, paddings, kernel sizes and channel counts that R
 does not divide; the bias and activation epilogue split off after the gather; WebGL 1 and grouped
 convolutions keep the texel kernel; the cost model tiles large convolutions only."""
@@ -68,6 +69,7 @@ CASES = [
     (2, 5, 5, 2, 2, 13, 2),  # stride 2, a 5x5 window
     (3, 8, 1, 1, 0, 7, 8),  # pointwise
     (2, 3, 2, 2, 1, 6, 2),  # even kernel, padding past a texel
+    (3, 4, 3, 1, 1, 33, 4),  # weight gradients in 3 partial sums (2 * 33 * 33 terms)
 ]
 
 
@@ -79,6 +81,7 @@ def test_tiled_conv_matches_reference(case: tuple[int, ...], force: Any, gl_runt
     assert _tiled(prog, "train_step"), prog.explain(dump_after="tiling")
     # the second convolution's input gradient (stride 1) runs blocked too
     assert bool(_tiled(prog, "train_step", "conv2d_input_grad")) == (stride == 1)
+    assert len(_tiled(prog, "train_step", "conv2d_weight_grad")) == 2  # both weight gradients
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(2, c, size, size)).astype(np.float32), rng.integers(0, 3, size=2)
     ref = prog.runtime("reference")

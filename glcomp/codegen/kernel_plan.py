@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from glcomp.codegen.families.conv import ConvTiling
+from glcomp.codegen.families.conv import ConvTiling, WeightGradTiling
 from glcomp.codegen.families.matmul import Tiling
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout, layout_for
@@ -70,7 +70,7 @@ class KernelPlan:
     into: Mapping[int, int] = field(default_factory=_empty)
     blended: frozenset[str] = frozenset()
     memory: Mapping[int, tuple[Slot, ...]] = field(default_factory=_empty)
-    tilings: Mapping[str, Tiling | ConvTiling] = field(default_factory=_empty)
+    tilings: Mapping[str, Tiling | ConvTiling | WeightGradTiling] = field(default_factory=_empty)
 
     @property
     def after(self) -> str:

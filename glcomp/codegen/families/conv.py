@@ -257,6 +257,149 @@ class ConvTiling:
         return Rendered(block, block_samplers, []), Rendered(gather, gather_samplers, [])
 
 
+@dataclass(frozen=True)
+class WeightGradTiling:
+    """How one conv2d_weight_grad kernel is register-blocked (conv2d_weight_grad_tiled.frag.j2):
+    gradient `node` = conv2d_weight_grad(x, g) (in `parts` partial sums) of the stored single-page
+    textures `x` and `g`, ungrouped; R output channels of one weight texel per fragment, written to
+    R tiles that a gather draw copies into the gradient's layout. `shape` holds N, C, H, W, O,
+    OH, OW, KH, KW. Guarantee: each element is the sum the texel kernel (root4) computes, in the
+    same order; components past KW are exactly zero."""
+
+    node: int
+    x: int
+    g: int
+    R: int
+    shape: tuple[int, ...]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    parts: int = 1
+    C: int = 1  # column texels per fragment (the matmul tiling's field, for the plan's printing)
+    S: int = 1
+
+    @property
+    def groups(self) -> int:
+        return -(-self.shape[4] // self.R)
+
+    def tile_layout(self, max_size: int) -> Layout:
+        """Each tile's texture: packed like a (P * OG * C * KH, 4 * ceil(KW / 4)) tensor."""
+        c, kh, kw = self.shape[1], self.shape[7], self.shape[8]
+        return layout_for((self.parts * self.groups * c * kh, 4 * math.ceil(kw / 4)), max_size)
+
+    @property
+    def tiles(self) -> list[int]:
+        return [-(self.node * 64 + i + 1) for i in range(self.R)]
+
+    def render(self, kernel: Kernel, layouts: dict[int, Layout], target: Target) -> tuple[Rendered, Rendered]:
+        """The block draw's and the gather draw's shaders."""
+        n, c, h, _, o, oh, _, kh, kw = self.shape
+        (sh, sw), (ph, pw) = self.stride, self.padding
+        sx, sg = f"s{self.x}_0", f"s{self.g}_0"
+        tiles = [f"s{self.node}_{i}" for i in range(self.R)]
+        tile = self.tile_layout(target.max_texture_size)
+        dmin, dmax = -pw // 4, (3 * sw + 3 - pw) // 4
+        common = {
+            "webgl1": False,
+            "rgba8": False,
+            "node_ids": ", ".join(f"%{v}" for v in [*kernel.body, *kernel.roots]),
+            "origins": [safe_comment(v) for v in kernel.origins],
+            "uniforms": [],
+            "R": self.R,
+            "P": self.parts,
+            "L": part_rows(n * oh, self.parts),
+            "N": n,
+            "C": c,
+            "H": h,
+            "O": o,
+            "OG": self.groups,
+            "OH": oh,
+            "KH": kh,
+            "KW": kw,
+            "SH": sh,
+            "SW": sw,
+            "PH": ph,
+            "PW": pw,
+            "RT": math.ceil(kw / 4),
+            "max_loop": target.max_loop_iterations,
+            "tile_texels": tile.texels,
+            "tile_tex": _tex(tile),
+        }
+        template = environment().get_template("conv2d_weight_grad_tiled.frag.j2")
+        block = template.render(
+            common
+            | {
+                "mode": "block",
+                "kernel_name": f"{kernel.name} (tiled {self.R} channels)",
+                "outputs": tiles,
+                "samplers": [sx, sg],
+                "s_x": sx,
+                "s_g": sg,
+                "x_tex": _tex(layouts[self.x]),
+                "g_tex": _tex(layouts[self.g]),
+                "dmin": dmin,
+                "D": dmax - dmin + 1,
+            }
+        )
+        out = layouts[self.node]
+        gather = template.render(
+            common
+            | {
+                "mode": "gather",
+                "kernel_name": f"{kernel.name} (gather)",
+                "outputs": [self.node],
+                "samplers": tiles,
+                "tiles": tiles,
+                "width": out.width,
+                "texels": out.texels,
+            }
+        )
+        block_samplers = [(sx, self.x, 0), (sg, self.g, 0)]
+        gather_samplers = [(t, tid, 0) for t, tid in zip(tiles, self.tiles, strict=True)]
+        return Rendered(block, block_samplers, []), Rendered(gather, gather_samplers, [])
+
+
+def choose_weight_grad_tiling(
+    graph: Any, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
+) -> WeightGradTiling | None:
+    """The register-blocked form of a lone conv2d_weight_grad kernel over stored single-page x
+    and g (ungrouped), or None: R output channels a fragment share each fetch of x's row, so an
+    iteration costs D / R + 1 fetches per output texel instead of D + 1; chosen where the saved
+    fetches pay for the gather draw and the blocked draws."""
+    (n,) = kernel.roots
+    attrs = graph.attrs(n)
+    if kernel.body or attrs.get("groups", 1) != 1 or layouts[n].pages != 1:
+        return None
+    x, g = graph.operands(n)
+    if not all(v in kernel.leaves and layouts[v].pages == 1 for v in (x, g)):
+        return None
+    batch, c, h, wd = graph.shape(x)
+    o, oh, ow = graph.shape(g)[1:]
+    kh, kw = attrs["kernel_hw"]
+    (sh, sw), (ph, pw) = attrs["stride"], attrs["padding"]
+    parts = attrs.get("parts", 1)
+    d = (3 * sw + 3 - pw) // 4 - (-pw // 4) + 1
+    grt, rt = math.ceil(ow / 4), math.ceil(kw / 4)
+    steps = part_rows(batch * oh, parts) * grt  # loop iterations per fragment
+    texels = parts * o * c * kh * rt
+    today = cost.fetches(texels * steps * (1 + d))
+    shape = (batch, c, h, wd, o, oh, ow, kh, kw)
+    best: tuple[float, int] | None = None
+    for r in CONV_CHANNELS:
+        if r > target.max_draw_buffers or r > o:
+            continue
+        tiling = WeightGradTiling(n, x, g, r, shape, (sh, sw), (ph, pw), parts)
+        if tiling.tile_layout(target.max_texture_size).pages != 1:
+            continue
+        blocks = parts * tiling.groups * c * kh * rt
+        work = cost.fetches(blocks * steps * (r + d) + texels * cost.GATHER_FETCHES)
+        work += cost.draws(1 + extra_draws, blocked=True)
+        if best is None or work < best[0]:
+            best = (work, r)
+    if best is None or best[0] >= today:
+        return None
+    return WeightGradTiling(n, x, g, best[1], shape, (sh, sw), (ph, pw), parts)
+
+
 def _tex(lay: Layout) -> dict[str, Any]:
     return {"w": lay.width, "shift": lay.width.bit_length() - 1, "rt": lay.row_texels}
 
@@ -371,5 +514,7 @@ register(
         loop_extent=_weight_grad_extent,
         root=weight_grad_root,
         root4=weight_grad_root4,
+        tiled=choose_weight_grad_tiling,
+        tiled_template="conv2d_weight_grad_tiled",
     )
 )

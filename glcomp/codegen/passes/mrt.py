@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from glcomp.codegen import cost as cost_model
+from glcomp.codegen.families.base import lowering
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import FUSIBLE, Kernel
 from glcomp.codegen.layout import Layout, layout_for
@@ -32,8 +33,22 @@ def mrt(plan: KernelPlan) -> KernelPlan:
     if not plan.switches["mrt"]:
         return plan
     fixed = set(plan.state_out())
-    kernels, resized = mrt_fusion(list(plan.kernels), plan.graph, plan.layouts, plan.target, fixed)
+    alone = set()
+    if plan.switches["tiling"] and plan.storage != "rgba8":
+        alone = {k.name for k in plan.kernels if _will_tile(plan.graph, k, plan.layouts, plan.target)}
+    kernels, resized = mrt_fusion(list(plan.kernels), plan.graph, plan.layouts, plan.target, fixed, alone)
     return plan.replace(kernels=kernels, layouts={**plan.layouts, **resized})
+
+
+def _will_tile(graph: Graph, k: Kernel, layouts: Mapping[int, Layout], target: Target) -> bool:
+    """Whether the tiling pass will run lone kernel `k` in its family's register-blocked form
+    (a convolution's): such a kernel stays out of MRT groups, where it could not be blocked."""
+    if len(k.roots) != 1:
+        return False
+    low = lowering(graph.op(k.roots[0]))
+    return (
+        low is not None and low.tiled is not None and low.tiled(graph, k, dict(layouts), target) is not None
+    )
 
 
 def _fusible_root(graph: Graph, n: int) -> bool:
@@ -46,8 +61,10 @@ def mrt_fusion(
     layouts: Mapping[int, Layout],
     target: Target,
     fixed: set[int],
+    alone: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[list[Kernel], dict[int, Layout]]:
-    """Merge runs of consecutive kernels into multi-target kernels.
+    """Merge runs of consecutive kernels into multi-target kernels (kernels named in `alone`
+    stay single).
 
     Guarantees: execution order stays valid (members are consecutive, and a member reads an
     earlier member's value only by recomputing it inline); a group has at most
@@ -73,7 +90,9 @@ def mrt_fusion(
         # A group at index `ready` produces some of k's inputs: _try_merge then recomputes them
         # inline (elementwise roots only) or refuses.
         lowest = max(ready, len(out) - LOOKBACK, 0)
-        for j in range(len(out) - 1, lowest - 1, -1):
+        for j in [] if k.name in alone else range(len(out) - 1, lowest - 1, -1):
+            if out[j].name in alone:
+                continue
             tried = _try_merge(out[j], k, graph, layouts, target, fixed, loops)
             if tried is not None:
                 out[j], changed = tried

@@ -26,7 +26,7 @@ import math
 from glcomp.codegen import cost
 from glcomp.codegen.families import is_fused, template_of
 from glcomp.codegen.families.base import lowering
-from glcomp.codegen.families.conv import ConvTiling
+from glcomp.codegen.families.conv import ConvTiling, WeightGradTiling
 from glcomp.codegen.families.matmul import Tiling
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import LOOP, Kernel
@@ -113,7 +113,7 @@ def split_chunks(m: int, k: int, cols: int) -> int:
 
 def choose_tiling(
     graph: Graph, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
-) -> Tiling | ConvTiling | None:
+) -> Tiling | ConvTiling | WeightGradTiling | None:
     """The tiling of `kernel` (a family's own where its lowering has one, as conv2d's), or None
     when it keeps the one-texel kernel: not a lone matmul of stored single-page operands, a
     target without GLSL ES 3.00 or 2 draw buffers, tiles larger than the target's textures, or
