@@ -106,7 +106,10 @@ def test_worker_trains_like_the_main_thread(page: Any, bundle: str) -> None:  # 
     assert got["steps"] == STEPS + 1 + got["stopped"]
     assert got["live"] and not any(got["live"].values())  # dispose freed every GL object
     assert "disposed" in got["disposed"]
-    assert not page.errors
+    # The comparison reads both runtimes' weights back synchronously (getWeights), which Chromium
+    # may report as a "GPU stall due to ReadPixels" performance warning depending on timing; any
+    # other GL error or warning fails the test.
+    assert not [e for e in page.errors if "GPU stall due to ReadPixels" not in e]
 
 
 HIDDEN_JS = """
