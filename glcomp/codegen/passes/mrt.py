@@ -200,6 +200,10 @@ def _try_merge(
         return None  # a loop kernel's result cannot be recomputed inline cheaply
     if any(loops([r], g.leaves, limit) for r in reads_group):
         return None  # nor can an epilogue root, which runs a loop per element
+    if reads_group and any(get_op(graph.op(r)).rereads for r in k.roots):
+        # A matmul or convolution reads each operand element many times: recomputed inline, an
+        # operand would cost its arithmetic at every read and lose the texel kernels' fetches.
+        return None
     leaves = sorted((set(g.leaves) | set(k.leaves)) - set(g.roots))
     samplers = sum(layouts[n].pages for n in leaves if graph.attrs(n).get("role") != "hyper")
     if samplers > target.max_texture_units:
