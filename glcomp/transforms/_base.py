@@ -3,6 +3,7 @@ and the per-sample random draws of the train step."""
 
 from __future__ import annotations
 
+import abc
 import math
 import numbers
 from typing import Any
@@ -15,7 +16,7 @@ from glcomp.nn.functional import rand
 from glcomp.nn.module import Module
 
 
-class Augmentation(Module):
+class Augmentation(Module, abc.ABC):
     """A random transform of a batch of images (N, C, H, W) in train mode, the identity in eval
     mode (predict). Subclasses define `augment`; parameters are drawn per image of the batch from
     the step counter and a seed per call (glcomp.nn.functional.rand), so a seed (glcomp.manual_seed)
@@ -27,8 +28,9 @@ class Augmentation(Module):
         check_image(self, x)
         return self.augment(x)
 
+    @abc.abstractmethod
     def augment(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
+        """The transformed batch (train mode only; `forward` checked `x`)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.extra_repr()})"

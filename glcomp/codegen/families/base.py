@@ -271,6 +271,11 @@ class Lowering:
             )
 
 
+def texel_params(lay: Any) -> dict[str, Any]:
+    """A single-page texture as the tiled templates address it: width, log2 width, texels a row."""
+    return {"w": lay.width, "shift": lay.width.bit_length() - 1, "rt": lay.row_texels}
+
+
 LOWERINGS: dict[str, Lowering] = {}
 
 

@@ -18,6 +18,7 @@ from glcomp.codegen.families.base import (
     environment,
     register,
     safe_comment,
+    texel_params,
 )
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.target import Target
@@ -194,67 +195,22 @@ class ConvTiling:
         """The block draw's and the gather draw's shaders."""
         _, c, h, _, o, oh, ow, kh, kw = self.shape
         (sh, sw), (ph, pw) = self.stride, self.padding
-        sx, s_w = f"s{self.x}_0", f"s{self.w}_0"
-        tiles = [f"s{self.node}_{i}" for i in range(self.R)]
-        tile = self.tile_layout(target.max_texture_size)
         dmin, dmax = conv_texels(self.adjoint, sw, kw, pw)
-        common = {
-            "webgl1": False,
-            "rgba8": False,
-            "node_ids": ", ".join(f"%{v}" for v in [*kernel.body, *kernel.roots]),
-            "origins": [safe_comment(v) for v in kernel.origins],
-            "uniforms": [],
-            "R": self.R,
-            "C": c,
-            "H": h,
-            "O": o,
-            "OG": self.groups,
-            "OH": oh,
-            "OW": ow,
-            "KH": kh,
-            "KW": kw,
-            "SH": sh,
-            "SW": sw,
-            "PH": ph,
-            "PW": pw,
-            "RT": self.row_texels,
-            "adjoint": self.adjoint,
-            "max_loop": target.max_loop_iterations,
-            "tile_texels": tile.texels,
-            "tile_tex": _tex(tile),
-        }
-        template = environment().get_template("conv2d_tiled.frag.j2")
-        block = template.render(
-            common
-            | {
-                "mode": "block",
-                "kernel_name": f"{kernel.name} (tiled {self.R} channels{' of the adjoint' * self.adjoint})",
-                "outputs": tiles,
-                "samplers": [sx, s_w],
-                "s_x": sx,
-                "s_w": s_w,
-                "x_tex": _tex(layouts[self.x]),
-                "w_tex": _tex(layouts[self.w]),
-                "dmin": dmin,
-                "D": dmax - dmin + 1,
-            }
+        params = {"R": self.R, "C": c, "H": h, "O": o, "OG": self.groups, "OH": oh, "OW": ow}
+        params |= {"KH": kh, "KW": kw, "SH": sh, "SW": sw, "PH": ph, "PW": pw, "RT": self.row_texels}
+        params |= {"adjoint": self.adjoint, "max_loop": target.max_loop_iterations}
+        name = f"{kernel.name} (tiled {self.R} channels{' of the adjoint' * self.adjoint})"
+        return _render_blocked(
+            "conv2d_tiled",
+            kernel,
+            self.node,
+            (("x", self.x), ("w", self.w)),
+            self.tiles,
+            self.tile_layout(target.max_texture_size),
+            layouts,
+            params,
+            {"kernel_name": name, "dmin": dmin, "D": dmax - dmin + 1},
         )
-        out = layouts[self.node]
-        gather = template.render(
-            common
-            | {
-                "mode": "gather",
-                "kernel_name": f"{kernel.name} (gather)",
-                "outputs": [self.node],
-                "samplers": tiles,
-                "tiles": tiles,
-                "width": out.width,
-                "texels": out.texels,
-            }
-        )
-        block_samplers = [(sx, self.x, 0), (s_w, self.w, 0)]
-        gather_samplers = [(t, tid, 0) for t, tid in zip(tiles, self.tiles, strict=True)]
-        return Rendered(block, block_samplers, []), Rendered(gather, gather_samplers, [])
 
 
 @dataclass(frozen=True)
@@ -294,68 +250,22 @@ class WeightGradTiling:
         """The block draw's and the gather draw's shaders."""
         n, c, h, _, o, oh, _, kh, kw = self.shape
         (sh, sw), (ph, pw) = self.stride, self.padding
-        sx, sg = f"s{self.x}_0", f"s{self.g}_0"
-        tiles = [f"s{self.node}_{i}" for i in range(self.R)]
-        tile = self.tile_layout(target.max_texture_size)
         dmin, dmax = -pw // 4, (3 * sw + 3 - pw) // 4
-        common = {
-            "webgl1": False,
-            "rgba8": False,
-            "node_ids": ", ".join(f"%{v}" for v in [*kernel.body, *kernel.roots]),
-            "origins": [safe_comment(v) for v in kernel.origins],
-            "uniforms": [],
-            "R": self.R,
-            "P": self.parts,
-            "L": part_rows(n * oh, self.parts),
-            "N": n,
-            "C": c,
-            "H": h,
-            "O": o,
-            "OG": self.groups,
-            "OH": oh,
-            "KH": kh,
-            "KW": kw,
-            "SH": sh,
-            "SW": sw,
-            "PH": ph,
-            "PW": pw,
-            "RT": math.ceil(kw / 4),
-            "max_loop": target.max_loop_iterations,
-            "tile_texels": tile.texels,
-            "tile_tex": _tex(tile),
-        }
-        template = environment().get_template("conv2d_weight_grad_tiled.frag.j2")
-        block = template.render(
-            common
-            | {
-                "mode": "block",
-                "kernel_name": f"{kernel.name} (tiled {self.R} channels)",
-                "outputs": tiles,
-                "samplers": [sx, sg],
-                "s_x": sx,
-                "s_g": sg,
-                "x_tex": _tex(layouts[self.x]),
-                "g_tex": _tex(layouts[self.g]),
-                "dmin": dmin,
-                "D": dmax - dmin + 1,
-            }
+        params = {"R": self.R, "P": self.parts, "L": part_rows(n * oh, self.parts), "N": n, "C": c}
+        params |= {"H": h, "O": o, "OG": self.groups, "OH": oh, "KH": kh, "KW": kw}
+        params |= {"SH": sh, "SW": sw, "PH": ph, "PW": pw, "RT": math.ceil(kw / 4)}
+        params |= {"max_loop": target.max_loop_iterations}
+        return _render_blocked(
+            "conv2d_weight_grad_tiled",
+            kernel,
+            self.node,
+            (("x", self.x), ("g", self.g)),
+            self.tiles,
+            self.tile_layout(target.max_texture_size),
+            layouts,
+            params,
+            {"kernel_name": f"{kernel.name} (tiled {self.R} channels)", "dmin": dmin, "D": dmax - dmin + 1},
         )
-        out = layouts[self.node]
-        gather = template.render(
-            common
-            | {
-                "mode": "gather",
-                "kernel_name": f"{kernel.name} (gather)",
-                "outputs": [self.node],
-                "samplers": tiles,
-                "tiles": tiles,
-                "width": out.width,
-                "texels": out.texels,
-            }
-        )
-        block_samplers = [(sx, self.x, 0), (sg, self.g, 0)]
-        gather_samplers = [(t, tid, 0) for t, tid in zip(tiles, self.tiles, strict=True)]
-        return Rendered(block, block_samplers, []), Rendered(gather, gather_samplers, [])
 
 
 def choose_weight_grad_tiling(
@@ -400,8 +310,53 @@ def choose_weight_grad_tiling(
     return WeightGradTiling(n, x, g, best[1], shape, (sh, sw), (ph, pw), parts)
 
 
-def _tex(lay: Layout) -> dict[str, Any]:
-    return {"w": lay.width, "shift": lay.width.bit_length() - 1, "rt": lay.row_texels}
+def _render_blocked(
+    template_name: str,
+    kernel: Kernel,
+    node: int,
+    sources: tuple[tuple[str, int], tuple[str, int]],
+    tiles: list[int],
+    tile: Layout,
+    layouts: dict[int, Layout],
+    params: dict[str, Any],
+    block: dict[str, Any],
+) -> tuple[Rendered, Rendered]:
+    """The block and gather shaders of a blocked convolution kernel: `sources` the two sampled
+    operands as (template key, node), `tiles` the tile ids, `params` the template's shape constants
+    and `block` what only the block draw needs."""
+    samplers = [f"s{n}_0" for _, n in sources]
+    tile_names = [f"s{node}_{i}" for i in range(len(tiles))]
+    common = params | {
+        "webgl1": False,
+        "rgba8": False,
+        "node_ids": ", ".join(f"%{v}" for v in [*kernel.body, *kernel.roots]),
+        "origins": [safe_comment(v) for v in kernel.origins],
+        "uniforms": [],
+        "tile_texels": tile.texels,
+        "tile_tex": texel_params(tile),
+    }
+    template = environment().get_template(f"{template_name}.frag.j2")
+    keys = {f"s_{key}": name for (key, _), name in zip(sources, samplers, strict=True)}
+    keys |= {f"{key}_tex": texel_params(layouts[n]) for key, n in sources}
+    source = template.render(
+        common | keys | block | {"mode": "block", "outputs": tile_names, "samplers": samplers}
+    )
+    out = layouts[node]
+    gather = template.render(
+        common
+        | {
+            "mode": "gather",
+            "kernel_name": f"{kernel.name} (gather)",
+            "outputs": [node],
+            "samplers": tile_names,
+            "tiles": tile_names,
+            "width": out.width,
+            "texels": out.texels,
+        }
+    )
+    block_samplers = [(name, n, 0) for name, (_, n) in zip(samplers, sources, strict=True)]
+    gather_samplers = [(t, tid, 0) for t, tid in zip(tile_names, tiles, strict=True)]
+    return Rendered(source, block_samplers, []), Rendered(gather, gather_samplers, [])
 
 
 # Output channels per fragment tried by the conv tiling (one render target each).

@@ -33,6 +33,7 @@ from glcomp.codegen.families.base import (
     environment,
     register,
     safe_comment,
+    texel_params,
 )
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.target import Target
@@ -225,10 +226,6 @@ class Tiling:
         return render_tiled(self, kernel, layouts, target)
 
 
-def _tex(lay: Layout) -> dict[str, Any]:
-    return {"w": lay.width, "shift": lay.width.bit_length() - 1, "rt": lay.row_texels}
-
-
 def render_tiled(
     tiling: Tiling, kernel: Kernel, layouts: dict[int, Layout], target: Target
 ) -> tuple[Rendered, Rendered]:
@@ -255,7 +252,12 @@ def render_tiled(
     }
     template = environment().get_template("matmul_tiled.frag.j2")
     tile = t.tile_layout(target.max_texture_size)
-    common |= {"fw": tile.row_texels, "fh": t.grid[1], "tile_texels": tile.texels, "tile_tex": _tex(tile)}
+    common |= {
+        "fw": tile.row_texels,
+        "fh": t.grid[1],
+        "tile_texels": tile.texels,
+        "tile_tex": texel_params(tile),
+    }
     block = template.render(
         common
         | {
@@ -268,8 +270,8 @@ def render_tiled(
             # The operands may be row or texel views of t.a / t.b (a reshape when K is split, a
             # Flatten before a Linear): their rows are the product's, K (A), M (X of A = X.T), N
             # (B) or K (W) long, whatever the stored texture's own rows are.
-            "a_tex": _tex(layouts[t.a]) | {"rt": math.ceil((t.K if t.a_form == "a" else t.M) / 4)},
-            "b_tex": _tex(layouts[t.b]) | {"rt": math.ceil((t.N if t.form == "b" else t.K) / 4)},
+            "a_tex": texel_params(layouts[t.a]) | {"rt": math.ceil((t.K if t.a_form == "a" else t.M) / 4)},
+            "b_tex": texel_params(layouts[t.b]) | {"rt": math.ceil((t.N if t.form == "b" else t.K) / 4)},
         }
     )
     out = layouts[t.node]
