@@ -10,7 +10,8 @@ Needs Hypothesis (``pip install glcomp[test]``)::
 Strategies:
 
 * `shapes` draws tensor shapes; `arrays` draws arrays in an input domain ("real", "positive",
-  "nonzero" or "labels": integer class labels stored as floats in [0, num_classes)).
+  "nonzero", "bytes": k / 255 as in an RGBA8 frame, or "labels": integer class labels stored as
+  floats in [0, num_classes)).
 * `op_cases` draws inputs and attributes for one registry op through its ``sample`` hook.
 * `random_graphs` draws small composite graphs (chains, diamonds, fan-out, broadcasting,
   reductions, movement, matmul) built through the Tensor API, ready for `check_graph_gradients`.
@@ -34,10 +35,15 @@ from glcomp.ir.ops import get_op
 from glcomp.ir.passes import autodiff
 from glcomp.ir.tensor import Tensor, broadcast_shapes, cat, const
 
-DOMAINS = ("real", "positive", "nonzero", "labels")
+DOMAINS = ("real", "positive", "nonzero", "labels", "bytes")
 
 # Value ranges per domain: bounded so that exp, products and quotients stay well conditioned.
-BOUNDS: dict[str, tuple[float, float]] = {"real": (-2.0, 2.0), "positive": (0.5, 3.0), "nonzero": (0.5, 3.0)}
+BOUNDS: dict[str, tuple[float, float]] = {
+    "real": (-2.0, 2.0),
+    "positive": (0.5, 3.0),
+    "nonzero": (0.5, 3.0),
+    "bytes": (0.0, 1.0),
+}
 
 
 # -- shapes and arrays -----------------------------------------------------------------------------
@@ -50,6 +56,8 @@ def shapes(
 
 def _floats(domain: str, dtype: np.dtype) -> st.SearchStrategy[float]:
     width = 32 if dtype == np.float32 else 64
+    if domain == "bytes":  # what an RGBA8 texture holds: k / 255
+        return st.integers(0, 255).map(lambda k: k / 255.0)
     lo, hi = BOUNDS[domain]
     magnitude = st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=width)
     if domain == "nonzero":
@@ -66,6 +74,8 @@ def _distinct(shape: tuple[int, ...], domain: str, dtype: np.dtype, seed: int) -
     values = lo + (hi - lo) * t
     if domain == "nonzero":
         values = values * rng.choice([-1.0, 1.0], size=size)
+    if domain == "bytes":  # on the byte grid, distinct while there are bytes enough
+        values = np.floor(values * 255.0) / 255.0
     return values.reshape(shape).astype(dtype)
 
 
@@ -79,8 +89,9 @@ def arrays(
 ) -> st.SearchStrategy[np.ndarray]:
     """Arrays of `shape` whose values lie in `domain`.
 
-    "real" draws from [-2, 2], "positive" from [0.5, 3], "nonzero" from +-[0.5, 3] and "labels"
-    integer class labels in [0, num_classes) stored as floats. ``distinct=True`` makes every
+    "real" draws from [-2, 2], "positive" from [0.5, 3], "nonzero" from +-[0.5, 3], "bytes" the
+    values k / 255 an RGBA8 texture holds, and "labels" integer class labels in [0, num_classes)
+    stored as floats. ``distinct=True`` makes every
     element different from every other by a clear margin and keeps all of them away from 0, so
     kinks (relu), ties (max, max-pooling, maximum) and comparisons are never hit by the
     perturbations of a finite-difference check.

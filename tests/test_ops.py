@@ -454,6 +454,18 @@ def test_sample_hook_matches_declared_attrs(name: str, data: st.DataObject) -> N
     assert rule.arity is None or len(in_shapes) == rule.arity
 
 
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_frame_ops_draw_the_values_an_rgba8_frame_holds(data: st.DataObject) -> None:
+    # `preprocess` reads RGBA8 frames, whose values are k / 255. A value off that grid (1.9 was
+    # drawn once) sits on a rounding half-way point of round(v * 255) in one precision and not
+    # in another, so the float32 reference and the float64 oracle disagreed by a whole byte.
+    for distinct in (False, True):
+        case = data.draw(op_cases("preprocess", distinct=distinct))
+        k = case.inputs[0] * 255.0
+        assert np.all((k >= 0) & (k <= 255)) and np.allclose(k, np.round(k), atol=1e-9)
+
+
 def test_every_op_has_an_independent_oracle() -> None:
     missing = sorted(set(KERNEL_OPS) - set(ORACLES))
     stale = sorted(set(ORACLES) - set(KERNEL_OPS))

@@ -152,6 +152,7 @@ register(
         lambda g, out, sheet, **attrs: (None,),  # frames are data, never differentiated
         smooth=False,
         sample=sample_preprocess,
+        domain="bytes",
         attrs=("batch", "source", "columns", "size", "mode", "grey", "top", "left", "offset", "gain"),
         # Up to 12 texel reads and a few dozen integer operations an element: readers that read
         # an element many times (convolutions) read it stored, not recomputed.

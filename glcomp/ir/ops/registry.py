@@ -36,7 +36,8 @@ class Op:
     arity:     number of inputs, None for variadic ops.
     sample:    test-data hook: (draw) -> (input shapes, attrs) for property tests; None means
                the op is covered through the ops that build it (sources, for example).
-    domain:    input domain for tests: "real", "positive" (log, sqrt) or "nonzero" (div).
+    domain:    input domain for tests: "real", "positive" (log, sqrt), "nonzero" (div) or
+               "bytes" (k / 255: what an RGBA8 frame holds, for `preprocess`).
     smooth:    False where finite differences are unreliable (kinks, comparisons).
     cost:      work of computing one element once its operands are at hand, in simple
                arithmetic ops (1: an add; transcendentals 2; 0 for ops that only move elements).
