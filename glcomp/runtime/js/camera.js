@@ -4,8 +4,11 @@
 // as ImageBitmaps; a train step takes a batch of them (sampled with replacement) and the bundle's
 // shaders preprocess and augment them. Live predictions read the <video> element itself. The
 // export holds the parameters under their torch names (no counters). Built by
-// examples/camera_finetune.py. Query parameters: bundle (default "bundle/").
+// examples/camera_finetune.py. Query parameters: bundle (default "bundle/"). The loss of every
+// step is plotted (chart.js) while a run trains; the page says whether the bundle it starts from
+// was trained before it was saved (chart.js's alreadyTrained).
 // What a test can drive: window.glcompCamera.
+import { alreadyTrained, drawChart } from "./chart.js";
 import { GlcompError, Runtime, downloadBytes, writeSafetensors } from "./glcomp.js";
 
 const params = new URLSearchParams(location.search);
@@ -17,7 +20,9 @@ const state = {
   classes: 2, // how many classes the user records (2..shape.classes)
   names: [],
   examples: [], // { frame: ImageBitmap, y: class }
-  losses: [],
+  losses: [], // every step's loss, over all runs
+  chart: null, // what the loss chart drew last (chart.js): points, tick labels, label boxes
+  pretrained: null, // whether the bundle was trained before it was saved (its optimizer state)
   prediction: null, // { label, probs } of the last live prediction
   camera: null, // { width, height, scaled } once the camera runs
   error: null,
@@ -103,23 +108,9 @@ async function openCamera(video, shape) {
   return { stream, width: video.videoWidth, height: video.videoHeight, scaled, frame: () => (scaled ? source.draw() : video) };
 }
 
-function drawLosses(losses) {
-  const canvas = $("chart");
-  const ctx = canvas.getContext("2d");
-  ctx.clearRect(0, 0, canvas.width, canvas.height);
-  if (losses.length < 2) return;
-  const top = Math.max(...losses);
-  const pad = 8;
-  ctx.strokeStyle = "#1f6feb";
-  ctx.lineWidth = 1.5;
-  ctx.beginPath();
-  losses.forEach((l, i) => {
-    const x = pad + ((canvas.width - 2 * pad) * i) / (losses.length - 1);
-    const y = canvas.height - pad - ((canvas.height - 2 * pad) * l) / (top || 1);
-    if (i) ctx.lineTo(x, y);
-    else ctx.moveTo(x, y);
-  });
-  ctx.stroke();
+/** The loss chart: every step's loss so far, the axis long enough for `steps` steps. */
+function plotLosses(steps = state.losses.length) {
+  state.chart = drawChart($("chart"), { losses: state.losses, steps });
 }
 
 async function main() {
@@ -131,6 +122,12 @@ async function main() {
   $("info").textContent = `WebGL ${info.webgl} on ${info.renderer} · software renderer: ${soft} `
     + `(failIfMajorPerformanceCaveat refused: ${caveat}) · ${shape.width}x${shape.height} frames, `
     + `batches of ${shape.batch}, up to ${shape.classes} classes`;
+  state.pretrained = alreadyTrained(rt);
+  $("trained").textContent = state.pretrained
+    ? "Starting bundle: already trained (its optimizer state is not zero): fine-tuning continues from it."
+    : "Starting bundle: untrained here (its optimizer state is zero: no train step has run on it); "
+      + "its weights are the ones it was compiled with.";
+  plotLosses(0);
   if (info.software) {
     $("warning").hidden = false;
     $("warning").textContent = "This page renders in software (no GPU acceleration): fine-tuning works but slowly.";
@@ -219,6 +216,8 @@ async function main() {
       const random = rng(seed);
       const pick = () => state.examples[Math.floor(random() * state.examples.length)];
       const started = performance.now();
+      const end = state.losses.length + steps; // the chart's axis: this run's last step
+      let drawn = 0; // when the chart was last drawn: at most 20 times a second
       try {
         const losses = await rt.train({
           steps,
@@ -230,7 +229,10 @@ async function main() {
             state.losses.push(loss);
             const rate = (1000 * (i + 1)) / (performance.now() - started);
             $("stats").textContent = `step ${i + 1}/${steps} · loss ${loss.toFixed(4)} · ${rate.toFixed(1)} steps/s`;
-            if (i % 5 === 4 || i + 1 === steps) drawLosses(state.losses);
+            if (performance.now() - drawn > 50) {
+              plotLosses(end);
+              drawn = performance.now();
+            }
             return Number.isFinite(loss);
           },
         });
@@ -238,6 +240,7 @@ async function main() {
         $("export").disabled = false;
         return losses;
       } finally {
+        plotLosses(end); // every step run, up to a diverged one
         if (state.status === "training") state.status = "ready";
         showClasses();
         if (wasLive) api.live(true);

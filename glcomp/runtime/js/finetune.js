@@ -3,7 +3,10 @@
 // or uploads. Batches of the compiled size are sampled, with replacement, from those examples.
 // data.safetensors beside the bundle (optional) gives held-out test images (x_test, y_test) and a
 // few sample examples (x_train, y_train). Query parameters: bundle (default "bundle/"), data.
+// The loss of every step is plotted (chart.js) while a run trains; the page says whether the bundle
+// it starts from was trained before it was saved (chart.js's alreadyTrained).
 // What a test can drive: window.glcompFinetune.
+import { alreadyTrained, drawChart } from "./chart.js";
 import { GlcompError, Runtime, downloadBytes, parseSafetensors } from "./glcomp.js";
 
 const params = new URLSearchParams(location.search);
@@ -14,7 +17,9 @@ const $ = (id) => document.getElementById(id);
 const state = {
   status: "loading", // loading | ready | training | error
   examples: [], // { x: Float32Array(H*W), y: class }
-  losses: [],
+  losses: [], // every step's loss, over all runs
+  chart: null, // what the loss chart drew last (chart.js): points, tick labels, label boxes
+  pretrained: null, // whether the bundle was trained before it was saved (its optimizer state)
   accuracy: null, // { all, byClass } on the held-out test images, after the last evaluation
   error: null,
 };
@@ -101,6 +106,11 @@ async function logitsOf(rt, shape, images) {
   return out;
 }
 
+/** The loss chart: every step's loss so far, the axis long enough for `steps` steps. */
+function plotLosses(steps = state.losses.length) {
+  state.chart = drawChart($("chart"), { losses: state.losses, steps });
+}
+
 const argmax = (row) => row.reduce((best, v, i) => (v > row[best] ? i : best), 0);
 
 function softmax(row) {
@@ -172,6 +182,12 @@ async function main() {
   $("info").textContent = `WebGL ${info.webgl} on ${info.renderer} · ${shape.classes} classes, `
     + `${shape.h}x${shape.w} images, batches of ${shape.batch}`
     + (data ? ` · ${data.test.length} held-out test images` : "");
+  state.pretrained = alreadyTrained(rt);
+  $("trained").textContent = state.pretrained
+    ? "Starting bundle: already trained (its optimizer state is not zero): fine-tuning continues from it."
+    : "Starting bundle: untrained here (its optimizer state is zero: no train step has run on it); "
+      + "its weights are the ones it was compiled with.";
+  plotLosses(0);
   for (let c = 0; c < shape.classes; c++) $("label").add(new Option(String(c), String(c)));
   const pad = makePad(shape);
 
@@ -224,6 +240,8 @@ async function main() {
       $("train").disabled = true;
       const random = rng(seed);
       const pick = () => state.examples[Math.floor(random() * state.examples.length)];
+      const end = state.losses.length + steps; // the chart's axis: this run's last step
+      let drawn = 0; // when the chart was last drawn: at most 20 times a second
       try {
         const losses = await rt.train({
           steps,
@@ -231,6 +249,10 @@ async function main() {
           onStep: (i, loss) => {
             state.losses.push(loss);
             $("stats").textContent = `step ${i + 1}/${steps} · loss ${loss.toFixed(4)}`;
+            if (performance.now() - drawn > 50) {
+              plotLosses(end);
+              drawn = performance.now();
+            }
             return Number.isFinite(loss);
           },
         });
@@ -238,6 +260,7 @@ async function main() {
         $("export").disabled = false;
         return losses;
       } finally {
+        plotLosses(end); // every step run, up to a diverged one
         if (state.status === "training") state.status = "ready";
         showCount();
       }
