@@ -35,6 +35,26 @@ def _positive(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535 (0: any free port), got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def _partition_arg(text: str) -> str:
     from glcomp.federated.partition import parse_partition
 
@@ -46,8 +66,10 @@ def _partition_arg(text: str) -> str:
 
 
 def add_federated_command(sub: Any) -> None:
-    """Add ``federated`` (with its ``simulate`` subcommand) to the glcomp command's subparsers."""
-    p = sub.add_parser("federated", help="federated training on Flower: simulate a local federation")
+    """Add ``federated`` (``simulate``, ``server``, ``site``) to the glcomp command's subparsers."""
+    p = sub.add_parser(
+        "federated", help="federated training on Flower: simulate a federation, or run its server and sites"
+    )
     fsub = p.add_subparsers(dest="federated_command", required=True, metavar="COMMAND")
     s = fsub.add_parser(
         "simulate",
@@ -91,6 +113,95 @@ def add_federated_command(sub: Any) -> None:
         "on 127.0.0.1 (flwr run)",
     )
     s.set_defaults(func=cmd_simulate)
+
+    v = fsub.add_parser(
+        "server",
+        help="the server side of a federation: a Flower SuperLink and the glcomp ServerApp (sites join it)",
+        description="Start a Flower SuperLink on 127.0.0.1 and run the glcomp ServerApp of an example on it "
+        "(flwr run): each round waits for --min-clients sites (glcomp federated site ...), aggregates their "
+        "checked updates, evaluates the global model on the example's test set and saves it in --out; "
+        "run again on the same --out, it resumes after the last saved round.",
+    )
+    v.add_argument("example", metavar="EXAMPLE.py", help="a .py file defining build() (as for glcomp train)")
+    v.add_argument(
+        "--rounds", type=_positive, default=5, metavar="R", help="federated rounds in all (default 5)"
+    )
+    v.add_argument(
+        "--min-clients", type=_positive, default=2, metavar="N", help="sites needed each round (default 2)"
+    )
+    v.add_argument(
+        "--strategy", default="fedavg", choices=["fedavg", "fedprox", "fedadam"], help="(default fedavg)"
+    )
+    v.add_argument(
+        "--epochs", type=_positive, default=1, metavar="E", help="local epochs per round (default 1)"
+    )
+    v.add_argument("--seed", type=int, default=0, help="seed of the sites' batch orders (default 0)")
+    v.add_argument("--secure", action="store_true", help="secure aggregation (Flower's SecAgg+; FedAvg)")
+    v.add_argument(
+        "--port",
+        type=_port,
+        default=9092,
+        help="the SuperLink's port on 127.0.0.1 (default 9092, 0: any free)",
+    )
+    v.add_argument(
+        "--out",
+        metavar="DIR",
+        help="federation directory (default runs/federated-<example>; resumed if present)",
+    )
+    v.add_argument(
+        "--round-timeout",
+        type=_seconds,
+        default=600.0,
+        metavar="S",
+        help="seconds a round waits for its sites",
+    )
+    v.add_argument(
+        "--timeout", type=_seconds, default=None, metavar="S", help="give up after S seconds (default: never)"
+    )
+    v.set_defaults(func=cmd_server)
+
+    t = fsub.add_parser(
+        "site",
+        help="one site of a federation: a Flower SuperNode training on its data (or in a browser page)",
+        description="Start a Flower SuperNode connected to the server's SuperLink; its ClientApp trains the "
+        "example's model on this site's data (--data, or the example's own training set dealt out: "
+        "--partition-id). With --browser the data and the training are in a page served on 127.0.0.1 "
+        "(glcomp.js); only weights, row counts and losses leave the page. Runs until interrupted.",
+    )
+    t.add_argument("example", metavar="EXAMPLE.py", help="the server's example file (the same build())")
+    t.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the server's SuperLink")
+    t.add_argument("--name", help="the site's name (default site-<partition-id>, or site)")
+    t.add_argument(
+        "--data", metavar="FILE", help="the site's data: .npz or .safetensors, the model's input and target"
+    )
+    t.add_argument(
+        "--partition-id",
+        type=int,
+        metavar="I",
+        help="(demo) train on part I of the example's training set dealt out to --clients sites",
+    )
+    t.add_argument(
+        "--clients", type=_positive, default=2, metavar="N", help="with --partition-id (default 2)"
+    )
+    t.add_argument("--partition", type=_partition_arg, default="iid", metavar="iid|dirichlet:ALPHA")
+    t.add_argument("--seed", type=int, default=0, help="seed of the --partition-id split (default 0)")
+    t.add_argument("--runtime", default="gl", choices=["gl", "reference"], help="a Python site's runtime")
+    t.add_argument("--browser", action="store_true", help="train in a browser page (glcomp.js) served here")
+    t.add_argument(
+        "--port", type=_port, default=8765, help="the page's port on 127.0.0.1 (default 8765, 0: any free)"
+    )
+    t.add_argument("--dir", metavar="DIR", help="the site's directory (default runs/site-<name>)")
+    t.add_argument(
+        "--round-timeout",
+        type=_seconds,
+        default=600.0,
+        metavar="S",
+        help="seconds a round waits for the page",
+    )
+    t.add_argument(
+        "--timeout", type=_seconds, default=None, metavar="S", help="stop after S seconds (default: never)"
+    )
+    t.set_defaults(func=cmd_site)
 
 
 def load_example(source: str) -> Any:
@@ -228,11 +339,68 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """``glcomp federated server``: a SuperLink and the ServerApp (glcomp.federated.deploy)."""
+    from glcomp.federated.deploy import run_deployment
+
+    stem = Path(args.example).stem
+    out_dir = Path(args.out) if args.out is not None else Path("runs") / f"federated-{stem}"
+    load_example(args.example)  # a missing or broken example is the first thing to say
+    run_deployment(
+        args.example,
+        out_dir,
+        clients=args.min_clients,
+        min_clients=args.min_clients,
+        rounds=args.rounds,
+        partition="iid",
+        seed=args.seed,
+        epochs=args.epochs,
+        strategy=args.strategy,
+        runtime="reference",
+        secure=args.secure,
+        progress=_say,
+        round_timeout=args.round_timeout,
+        total_timeout=args.timeout,
+        port=args.port,
+        supernodes=0,
+    )
+    return 0
+
+
+def cmd_site(args: argparse.Namespace) -> int:
+    """``glcomp federated site``: see glcomp.federated.site.run_site."""
+    from glcomp.federated.site import run_site
+
+    return run_site(
+        args.example,
+        args.superlink,
+        name=args.name,
+        data=args.data,
+        partition_id=args.partition_id,
+        clients=args.clients,
+        partition=args.partition,
+        seed=args.seed,
+        runtime=args.runtime,
+        browser=args.browser,
+        port=args.port,
+        site_dir=args.dir,
+        round_timeout=args.round_timeout,
+        timeout=args.timeout,
+        progress=_say,
+    )
+
+
 __all__ = [
     "ENGINES",
     "RUNTIMES",
     "add_federated_command",
+    "cmd_server",
     "cmd_simulate",
+    "cmd_site",
     "load_example",
     "prepare",
     "simulate",

@@ -165,18 +165,14 @@ class GlcompClient:
         if _STATE_COUNTERS in state.array_records:
             counters = {k: v.numpy() for k, v in state.array_records[_STATE_COUNTERS].items()}
 
-        rt = self.runtime(site)
         t0 = time.perf_counter()
-        result = local_train(
-            rt,
+        result, renderer = self.train_locally(
             program,
-            site.data,
+            site,
             global_weights,
-            site=site.name,
+            server_round=server_round,
             epochs=epochs,
             steps=steps,
-            seed=self.seed,
-            server_round=server_round,
             optimizer=opt,
             counters=counters,
             lr=None if lr is None else float(lr),
@@ -194,7 +190,6 @@ class GlcompClient:
 
         arrays = fl.app.ArrayRecord({k: fl.app.Array(v) for k, v in result.weights.items()})
         metrics = fl.app.MetricRecord(result.metrics() | {"train-seconds": float(seconds)})
-        renderer = _renderer(rt, site.runtime)
         info = fl.app.ConfigRecord(
             {
                 "name": site.name,
@@ -207,6 +202,40 @@ class GlcompClient:
             self._audit(site, server_round, result, renderer, arrays, seconds)
         content = fl.app.RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: metrics, SITE_KEY: info})
         return fl.app.Message(content=content, reply_to=msg)
+
+    def train_locally(
+        self,
+        program: Any,
+        site: Site,
+        global_weights: dict[str, np.ndarray],
+        *,
+        server_round: int,
+        epochs: int,
+        steps: int | None,
+        optimizer: Any = "reset",
+        counters: Any = None,
+        lr: float | None = None,
+        proximal_mu: float = 0.0,
+    ) -> tuple[Any, str]:
+        """One round of local training at `site`: (`local_train`'s LocalResult, the renderer).
+        A browser site (glcomp.federated.site.BrowserClient) hands the round to its page instead."""
+        rt = self.runtime(site)
+        result = local_train(
+            rt,
+            program,
+            site.data,
+            global_weights,
+            site=site.name,
+            epochs=epochs,
+            steps=steps,
+            seed=self.seed,
+            server_round=server_round,
+            optimizer=optimizer,
+            counters=counters,
+            lr=lr,
+            proximal_mu=proximal_mu,
+        )
+        return result, _renderer(rt, site.runtime)
 
     def evaluate(self, msg: Any, context: Any) -> Any:
         """Handle a Flower evaluate message: metrics of the received weights on the site's data."""

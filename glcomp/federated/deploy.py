@@ -112,6 +112,10 @@ def _glcomp_client(context: Any) -> Any:
     from glcomp.federated import GlcompClient
 
     cfg = _settings(context)
+    if "bundle" in context.node_config:  # a site started by ``glcomp federated site``
+        from glcomp.federated.site import node_client
+
+        return node_client(cfg, dict(context.node_config), _CLIENTS)
     key = tuple(sorted((k, str(v)) for k, v in cfg.items()))
     got = _CLIENTS.get(key)
     if got is None:
@@ -140,6 +144,21 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def check_port_free(port: int, what: str = "--port") -> int:
+    """`port` if nothing listens on 127.0.0.1:`port` now, else GlcompError naming the port."""
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise GlcompError(f"{what}: expected a port from 0 to 65535 (0: any free port), got {port!r}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise GlcompError(
+                f"cannot listen on 127.0.0.1:{port} ({err.strerror or err}); give another {what}, "
+                f"or {what} 0 for any free port"
+            ) from None
+    return port
 
 
 def _wait_port(port: int, proc: subprocess.Popen[Any], what: str, log: Path) -> None:
@@ -214,13 +233,13 @@ class Federation:
     block) terminates them. `supernodes[i]` is site i's process; `kill(i)` and `restart(i)`
     let a test break a site."""
 
-    def __init__(self, out_dir: Path, clients: int) -> None:
+    def __init__(self, out_dir: Path, clients: int, port: int = 0) -> None:
         self.out_dir, self.clients = out_dir, clients
         self.logs = out_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.home = out_dir / "flwr-home"
         self.home.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = check_port_free(port) if port else _free_port()
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "glcomp"\n\n[superlink.glcomp]\naddress = "127.0.0.1:{self.port}"\n'
             "insecure = true\n",
@@ -300,12 +319,18 @@ def run_deployment(
     progress: Any = print,
     round_timeout: float = ROUND_TIMEOUT,
     min_clients: int | None = None,
-    total_timeout: float = 1800.0,
+    total_timeout: float | None = 1800.0,
     on_round: Any = None,
+    port: int = 0,
+    supernodes: int | None = None,
 ) -> Any:
     """Run a federation on Flower's deployment engine (see the module's docstring); prints the
     server's round lines as its rounds are saved. `on_round(federation, round_info)`: called
-    after each saved round (tests kill a SuperNode there). Returns a namespace with `out_dir`."""
+    after each saved round (tests kill a SuperNode there). Returns a namespace with `out_dir`.
+
+    `supernodes` (default `clients`): SuperNodes started here; ``glcomp federated server`` starts
+    none (the sites start their own, ``glcomp federated site``) and gives the SuperLink's `port`
+    (0: any free port). `total_timeout` None waits for the rounds without a limit."""
     from glcomp.federated import history
     from glcomp.federated.cli import prepare
     from glcomp.federated.server import _round_line
@@ -331,15 +356,22 @@ def run_deployment(
     }
     app_dir = write_app(out_dir / "app", config)
     seen = {r["round"] for r in history(out_dir)}
-    with Federation(out_dir, clients) as fed:
-        if progress is not None:
+    nodes = clients if supernodes is None else supernodes
+    with Federation(out_dir, nodes, port=port) as fed:
+        if progress is not None and supernodes == 0:
+            progress(
+                f"SuperLink listening on 127.0.0.1:{fed.port}; {rounds} rounds, {min_clients or clients} "
+                f"sites a round, {epochs} local epoch(s), {strategy}{', SecAgg+' if secure else ''}; start "
+                f"each site with: glcomp federated site {source} --superlink 127.0.0.1:{fed.port} ..."
+            )
+        elif progress is not None:
             progress(
                 f"{clients} clients, {rounds} rounds, partition {partition}, {epochs} local epoch(s)"
                 f"{', SecAgg+' if secure else ''}; "
                 f"Flower deployment engine: SuperLink on 127.0.0.1:{fed.port}, {clients} SuperNodes"
             )
-        run = fed.run(app_dir, total_timeout)
-        deadline = time.monotonic() + total_timeout
+        run = fed.run(app_dir, total_timeout or 0.0)
+        deadline = time.monotonic() + (total_timeout or float("inf"))
         while True:
             for info in history(out_dir):
                 if info["round"] not in seen:
@@ -351,7 +383,7 @@ def run_deployment(
             if run.poll() is not None or (seen and max(seen) >= rounds):
                 break
             if time.monotonic() > deadline:
-                raise GlcompError(f"{out_dir}: the federation did not finish within {total_timeout:.0f} s")
+                raise GlcompError(f"{out_dir}: the federation did not finish within {total_timeout} s")
             time.sleep(0.5)
         try:
             run.wait(STOP_TIMEOUT)

@@ -22,7 +22,7 @@ import numpy as np
 
 from glcomp.errors import GlcompError
 from glcomp.federated import _flwr
-from glcomp.federated.core import check_update, evaluate, federated_shapes, local_train
+from glcomp.federated.core import check_update, evaluate, federated_shapes
 
 FITINS_KEY = "fitins.parameters"
 _SLACK = 4096
@@ -65,8 +65,6 @@ def legacy_train(client: Any, msg: Any, context: Any) -> Any:
     from flwr.common import Code, FitRes, Status
     from flwr.compat.common.recorddict_compat import fitres_to_recorddict, recorddict_to_fitins
 
-    from glcomp.federated.client import _renderer
-
     program = client.program()
     site = client.site(context)
     fitins = recorddict_to_fitins(msg.content, keep_input=True)
@@ -80,27 +78,23 @@ def legacy_train(client: Any, msg: Any, context: Any) -> Any:
         "the server",
     )
     config = dict(fitins.config)
-    rt = client.runtime(site)
     t0 = time.perf_counter()
-    result = local_train(
-        rt,
+    steps = config.get("local-steps", client.steps)
+    lr = config.get("lr", client.lr)
+    result, renderer = client.train_locally(
         program,
-        site.data,
+        site,
         global_weights,
-        site=site.name,
-        epochs=int(config.get("local-epochs", client.epochs)),
-        steps=config.get("local-steps", client.steps),
-        seed=client.seed,
         server_round=int(config.get("server-round", 0)),
+        epochs=int(config.get("local-epochs", client.epochs)),
+        steps=None if steps is None else int(steps),
         counters=None,
-        lr=config.get("lr", client.lr),
+        lr=None if lr is None else float(lr),
     )
     seconds = time.perf_counter() - t0
     if client.audit_dir is not None:  # the site's own record; the server gets none of it
         arrays = fl.app.ArrayRecord({k: fl.app.Array(v) for k, v in result.weights.items()})
-        client._audit(
-            site, int(config.get("server-round", 0)), result, _renderer(rt, site.runtime), arrays, seconds
-        )
+        client._audit(site, int(config.get("server-round", 0)), result, renderer, arrays, seconds)
     # No metrics in the reply: secaggplus_mod masks the weights only, and a site's loss or update
     # norm would tell the server about that one site.
     fitres = FitRes(Status(Code.OK, "ok"), _params(result.weights), result.num_examples, {})

@@ -1,0 +1,367 @@
+"""Browser sites of a federation: ``glcomp federated server`` and ``glcomp federated site
+--browser``, a headless Chromium page as one of the federation's clients (Flower's SuperLink,
+SuperNode and apps as processes on 127.0.0.1), the bridge refusing bad updates from the page,
+and the commands' argument errors.
+
+The page (glcomp/runtime/js/site.html) trains with glcomp.js on SwiftShader; the Python site
+it is compared with trains the same program with the moderngl runtime (llvmpipe). Measured: the
+page's update after one round (8 Adam steps of a 6-12-3 MLP, batch 8) differs from the Python
+GL client's update on the same data and global weights by at most 6.0e-8 (max abs over the
+weights; losses within 6.0e-8); the tests allow 1e-5 (see docs/federated.md).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from glcomp.errors import GlcompError
+
+pytestmark = pytest.mark.browser
+
+ATOL = 1e-5
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--use-angle=swiftshader",
+    "--enable-unsafe-swiftshader",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+EXAMPLE = '''
+"""A tiny classifier for the browser-site tests."""
+import numpy as np
+import glcomp
+from glcomp import nn, optim
+
+
+def data():
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(96, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int32) + (x[:, 2] > 1).astype(np.int32)
+    return {"x_train": x[:64], "y_train": y[:64], "x_test": x[64:], "y_test": y[64:]}
+
+
+def build():
+    glcomp.manual_seed(0)
+    return {
+        "model": nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3)),
+        "inputs": {"x": (8, 6)},
+        "loss": nn.CrossEntropyLoss(),
+        "optimizer": optim.Adam(lr=1e-2),
+        "data": data(),
+        "batch_size": 8,
+        "epochs": 1,
+    }
+'''
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("example") / "tiny_site.py"
+    path.write_text(EXAMPLE)
+    return path
+
+
+def _program(example: Path) -> Any:
+    import glcomp
+    from glcomp.federated.cli import load_example
+
+    spec = load_example(str(example))
+    return spec, glcomp.compile(spec.model, spec.inputs, spec.loss, spec.optimizer)
+
+
+def _python_update(prog: Any, data: dict[str, np.ndarray], start: dict[str, np.ndarray], site: str, rnd: int):
+    """What a Python GL site computes from `start` on `data` in round `rnd` (seed 0, 1 epoch)."""
+    from glcomp.federated import local_train
+
+    rt = prog.runtime("gl")
+    try:
+        return local_train(rt, prog, data, start, site=site, epochs=1, seed=0, server_round=rnd)
+    finally:
+        rt.release()
+
+
+# -- the CLI's argument errors ----------------------------------------------------------------------
+def test_server_and_site_commands_refuse_bad_arguments(example: Path, tmp_path: Path, capsys: Any) -> None:
+    from glcomp.cli import main
+
+    assert main(["federated", "server", "--help"]) == 0
+    assert "--min-clients" in capsys.readouterr().out
+    assert main(["federated", "site", "--help"]) == 0
+    assert "--browser" in capsys.readouterr().out
+    ex = str(example)
+
+    def err(argv: list[str]) -> str:
+        assert main(["federated", *argv]) == 2, argv
+        return capsys.readouterr().err
+
+    assert "port" in err(["server", ex, "--port", "70000"])
+    assert "positive integer" in err(["server", ex, "--min-clients", "0"])
+    assert "no_such.py" in err(["server", "no_such.py"])
+    assert "--superlink" in err(["site", ex])
+    assert "HOST:PORT" in err(["site", ex, "--superlink", "nowhere"])
+    assert "needs its data" in err(["site", ex, "--superlink", "127.0.0.1:9"])
+    assert "stays in its page" in err(
+        ["site", ex, "--superlink", "127.0.0.1:9", "--browser", "--data", "x.npz"]
+    )
+    assert "--partition-id 5" in err(["site", ex, "--superlink", "127.0.0.1:9", "--partition-id", "5"])
+    with socket.socket() as taken:  # a port someone else listens on: one error line naming it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for argv in (
+            [
+                "site",
+                ex,
+                "--superlink",
+                "127.0.0.1:9",
+                "--browser",
+                "--port",
+                str(port),
+                "--dir",
+                str(tmp_path),
+            ],
+            ["server", ex, "--port", str(port), "--out", str(tmp_path / "fed")],
+        ):
+            text = err(argv)
+            assert text.count("\n") == 1 and text.startswith("error: ") and f"127.0.0.1:{port}" in text, text
+
+
+# -- the page in Chromium --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.fail("these tests need Chromium on PATH (Debian: apt-get install chromium)", pytrace=False)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _open_page(browser: Any, url: str, data: dict[str, np.ndarray]) -> Any:
+    page = browser.new_context().new_page()
+    page.errors = []
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.goto(url)
+    page.evaluate("() => window.glcompSite.ready")
+    rows = page.evaluate(
+        "(d) => window.glcompSite.setData({x: Float32Array.from(d.x), y: Int32Array.from(d.y)})",
+        {"x": data["x"].ravel().tolist(), "y": data["y"].tolist()},
+    )
+    assert rows == len(data["y"])
+    return page
+
+
+def test_bridge_refuses_bad_updates_from_the_page(browser: Any, example: Path, tmp_path: Path) -> None:
+    """The page sends NaN, a wrong shape, a wrong name, a wrong example count: the bridge refuses
+    each with a GlcompError naming the site (and the ClientApp's call over HTTP fails with it), the
+    page shows the refusal, and the next honest round is accepted and equals a Python GL site's."""
+    from glcomp.federated import federated_shapes
+    from glcomp.federated.bridge import Bridge
+    from glcomp.federated.site import BrowserClient, Site
+
+    spec, prog = _program(example)
+    prog.save(tmp_path / "model")
+    data = {"x": spec.x_train[:32], "y": spec.y_train[:32]}
+    start = {k: np.asarray(v, np.float32) for k, v in (prog.params | prog.buffers).items()}
+    bad = {
+        "NaN": (
+            "u.weights['0.bias'].data = btoa(String.fromCharCode(...new Uint8Array("
+            "new Float32Array(12).fill(NaN).buffer)))",
+            "NaN or infinite",
+        ),
+        "shape": ("u.weights['2.bias'].shape = [4]", r"'2\.bias' has shape \(4,\), expected \(3,\)"),
+        "name": ("u.weights['2.bias2'] = u.weights['2.bias']; delete u.weights['2.bias']", "missing tensors"),
+        "count": ("u.num_examples = 1000", "num_examples 1000"),
+    }
+    with Bridge(prog, "browser-b", tmp_path / "model", port=0, job_timeout=60, progress=None) as bridge:
+        page = _open_page(browser, bridge.url, data)
+        client = BrowserClient(prog, "browser-b", bridge.url, bridge.token, seed=0, timeout=60)
+        for rnd, (kind, (js, why)) in enumerate(bad.items(), start=1):
+            page.evaluate(f"() => window.glcompSite.setTamper((u) => {{ {js}; return u; }})")
+            with pytest.raises(GlcompError, match=f"site 'browser-b'.*{why}"):
+                if kind == "count":  # the ClientApp's path: over HTTP to the bridge
+                    client.train_locally(
+                        prog, Site("browser-b", {}), start, server_round=rnd, epochs=1, steps=None
+                    )
+                else:
+                    bridge.train(start, server_round=rnd, epochs=1, seed=0)
+            page.wait_for_function(
+                "(n) => window.glcompSite.state.rounds.length === n && "
+                "window.glcompSite.state.rounds[n - 1].answer !== null",
+                arg=rnd,
+            )
+            answer = page.evaluate(f"() => window.glcompSite.state.rounds[{rnd - 1}].answer")
+            assert answer.startswith("refused") and "browser-b" in answer, answer
+        assert bridge.rounds == []  # nothing was accepted
+        page.evaluate("() => window.glcompSite.setTamper(null)")
+        result, renderer = client.train_locally(
+            prog, Site("browser-b", {}), start, server_round=5, epochs=1, steps=None
+        )
+        assert "SwiftShader" in renderer, renderer
+        assert page.evaluate("() => window.glcompSite.state.rounds[4].answer") == "accepted"
+        assert page.errors == []
+    want = _python_update(prog, data, start, "browser-b", 5)
+    assert sorted(result.weights) == sorted(federated_shapes(prog))
+    for k, v in want.weights.items():
+        np.testing.assert_allclose(result.weights[k], v, rtol=0, atol=ATOL, err_msg=k)
+    np.testing.assert_allclose(result.losses, want.losses, rtol=0, atol=ATOL)
+    assert result.num_examples == 32 and result.steps == 4
+
+
+# -- a federation with a browser site -------------------------------------------------------------------
+class _Proc:
+    """A command run in its own process group, its output lines in a queue."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "FLWR_TELEMETRY_ENABLED": "0"}
+        self.log = log
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with open(self.log, "w") as f:
+            for line in self.proc.stdout:
+                f.write(line)
+                f.flush()
+                self.lines.put(line.rstrip("\n"))
+
+    def expect(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    break
+                continue
+            self.seen.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return m
+        pytest.fail(f"no line matching {pattern!r} within {timeout} s; output:\n" + "\n".join(self.seen))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
+    browser: Any, example: Path, tmp_path: Path
+) -> None:
+    """``glcomp federated server`` (SuperLink + ServerApp, one site a round, 1 round) and
+    ``glcomp federated site --browser`` (SuperNode + bridge + page): the round's aggregate of the
+    one site is the page's update, equal to a Python GL site's update from the same global weights
+    on the same data within ATOL (measured: 6.0e-8, see the module docstring)."""
+    import glcomp
+    from glcomp.federated import history
+
+    spec, prog = _program(example)
+    out, site_dir = tmp_path / "fed", tmp_path / "site"
+    cli = [sys.executable, "-m", "glcomp.cli", "federated"]
+    server = _Proc(
+        [
+            *cli,
+            "server",
+            str(example),
+            "--rounds",
+            "1",
+            "--min-clients",
+            "1",
+            "--port",
+            "0",
+            "--out",
+            str(out),
+            "--round-timeout",
+            "90",
+            "--timeout",
+            "150",
+        ],
+        tmp_path / "server.out",
+    )
+    site = None
+    try:
+        port = int(server.expect(r"SuperLink listening on 127\.0\.0\.1:(\d+)", 60)[1])
+        site = _Proc(
+            [
+                *cli,
+                "site",
+                str(example),
+                "--superlink",
+                f"127.0.0.1:{port}",
+                "--name",
+                "browser-a",
+                "--browser",
+                "--port",
+                "0",
+                "--dir",
+                str(site_dir),
+                "--round-timeout",
+                "90",
+                "--timeout",
+                "150",
+            ],
+            tmp_path / "site.out",
+        )
+        url = site.expect(r"the page: (http://127\.0\.0\.1:\d+/)", 60)[1]
+        data = {"x": spec.x_train, "y": spec.y_train}
+        page = _open_page(browser, url, data)
+        server.expect(r"^round 1/1: 1 clients answered", 120)
+        server.expect(r"^federated: 1 rounds, 1 clients", 30)
+        assert server.proc.wait(30) == 0
+        state = page.evaluate("() => window.glcompSite.state")
+        assert page.errors == []
+    finally:
+        server.stop()
+        if site is not None:
+            site.stop()
+    rounds = history(out)
+    assert [r["round"] for r in rounds] == [0, 1]
+    (entry,) = rounds[1]["sites"]
+    assert entry["name"] == "browser-a" and "SwiftShader" in entry["renderer"], entry
+    assert rounds[1]["rejected"] == [] and rounds[1]["failed"] == []
+    assert state["round"] == 1 and state["rounds"][0]["answer"] == "accepted"
+    n_weights = sum(int(np.prod(v.shape)) for v in prog.params.values())
+    assert state["rounds"][0]["sent"]["bytes"] == 4 * n_weights
+
+    start_prog = glcomp.load(out / "round-0000" / "model")
+    start = {k: np.asarray(v, np.float32) for k, v in (start_prog.params | start_prog.buffers).items()}
+    got = glcomp.load(out / "round-0001" / "model")
+    want = _python_update(prog, data, start, "browser-a", 1)
+    diff = max(float(np.max(np.abs(np.asarray(got.params[k]) - v))) for k, v in want.weights.items())
+    assert diff <= ATOL, diff
+    np.testing.assert_allclose(state["rounds"][0]["losses"], want.losses, rtol=0, atol=ATOL)
+    assert len(want.losses) == 8
+    assert entry["metrics"]["num-examples"] == 64
+    np.testing.assert_allclose(entry["metrics"]["update-norm"], want.update_norm, rtol=1e-4)
+    print(f"browser vs Python GL update: max abs difference {diff:.2e}")
