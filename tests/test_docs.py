@@ -210,3 +210,95 @@ def test_relative_links_resolve(page: Path) -> None:
         assert dest.exists(), f"{page.name} links {target}: no such file"
         if anchor and dest.suffix == ".md":
             assert anchor in anchors(dest), f"{page.name} links {target}: no such heading in {dest.name}"
+
+
+# -- README.md: every figure names the script that measured it, the machine and the load ----------
+
+# A measured figure: a number with a unit of time, speed, size or a share (12.7 ms/step, 35 s, 13
+# minutes, 3.5x faster, 1.26x, 96.9%, 1.72 MB, 24.4 kB, 30 steps/s, 0.48 TFLOP/s, 3,132 bytes).
+FIGURE = re.compile(
+    r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:-\s?\d[\d,]*(?:\.\d+)?\s?)?"
+    r"(?:%|\u00d7|x(?= faster| slower|\b(?!\d))|ms\b|s\b|seconds?\b|min\b|minutes?\b|"
+    r"[kKMG]i?B\b|bytes?\b|steps/s\b|[GT]FLOP/s\b)"
+)
+# a script of this repository that measures: benchmarks/*.py or scripts/*.sh and *.py
+SCRIPT = re.compile(r"\b((?:benchmarks|scripts)/[\w./-]+\.(?:py|sh))\b")
+# where it ran: a named machine, CPU, GPU or renderer, and the load it ran under
+MACHINE = re.compile(r"H200|EPYC|Xeon|\d+ (?:shared )?(?:v?CPU )?cores|llvmpipe|SwiftShader|Chromium \d+")
+LOAD = re.compile(r"\bload\b")
+# numbers that are no measurement: versions, shapes, sizes of examples, the ONNX op list
+NOT_MEASURED = re.compile(r"Python \d[\d.]*|WebGL \d|\d+x\d+|\bb\d+\b|`[^`]*`")
+
+
+def _units(markdown: str) -> list[str]:
+    """The paragraphs and table rows of a Markdown text, fenced code and <details> left out: a
+    table row stands alone (each row names its own source), a paragraph or list item is the text
+    between blank lines."""
+    text = re.sub(r"```.*?```|<details>.*?</details>", "\n\n", markdown, flags=re.S)
+    units = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = block.strip().splitlines()
+        rule = [bool(re.fullmatch(r"\|[|\s:-]+", ln)) for ln in lines] + [False]
+        # a row stands alone, but for the rules and the header rows above them (column names)
+        units += [ln for k, ln in enumerate(lines) if ln.startswith("|") and not rule[k] and not rule[k + 1]]
+        prose = "\n".join(ln for ln in lines if not ln.startswith("|")).strip()
+        if prose:
+            units.append(prose)
+    return units
+
+
+def unsourced_figures(markdown: str, root: Path = ROOT) -> list[str]:
+    """What is wrong with each paragraph or table row of `markdown` that states a figure: no
+    existing measuring script named, no machine, no load."""
+    problems = []
+    for unit in _units(markdown):
+        figures = FIGURE.findall(NOT_MEASURED.sub(" ", unit))
+        if not figures:
+            continue
+        scripts = [s for s in SCRIPT.findall(unit) if (root / s).is_file()]
+        missing = [
+            what
+            for what, ok in (
+                ("an existing script in benchmarks/ or scripts/", scripts),
+                ("the machine", MACHINE.search(unit)),
+                ("the load", LOAD.search(unit)),
+            )
+            if not ok
+        ]
+        if missing:
+            problems.append(
+                f"{' '.join(unit.split())[:160]!r} states {figures} but lacks {'; '.join(missing)}"
+            )
+    return problems
+
+
+def test_readme_figures_name_their_script_machine_and_load() -> None:
+    problems = unsourced_figures((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert not problems, "README.md:\n" + "\n".join(problems)
+
+
+def test_the_figure_check_catches_unsourced_figures() -> None:
+    """The check itself: figures without a source are found, sourced ones and non-figures pass."""
+    bad = [
+        "The quick start reaches 97.2% after 15 epochs, about 35 s on 2 cores.",
+        "glcomp.js is 1.3x faster than TensorFlow.js (`benchmarks/bench_browser.py`).",
+        "| digits | 12.7 ms/step | `benchmarks/no_such_script.py`, llvmpipe, load 2 |",
+        "A step takes 1,666 ms on an H200 with `benchmarks/realistic.py`.",
+        "Each site sends 24.4 kB a round.",
+        "It trains 30 steps/s.",
+    ]
+    for text in bad:
+        assert unsourced_figures(text), f"not flagged: {text}"
+    table = (
+        "| what | figure |\n|---|---|\n| cnn | 296 ms |\n"
+        "| mlp | `benchmarks/bench.py`: 1.1 ms, H200, load 1 |\n"
+    )
+    assert len(unsourced_figures(table)) == 1 and "296 ms" in unsourced_figures(table)[0]
+    good = [
+        "`benchmarks/realistic.py` on one NVIDIA H200, load average below 1: 177 ms per step.",
+        "Python 3.11, WebGL 2, 8x8 digits, batches of 64, 15 epochs, a b64 batch.",
+        "```bash\nsleep 35s\n```",
+        "`glcomp train` writes `runs/digits_cnn/`; 2-5 classes from the webcam.",
+    ]
+    for text in good:
+        assert not unsourced_figures(text), (text, unsourced_figures(text))
