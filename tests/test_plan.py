@@ -56,6 +56,7 @@ def test_pass_names_are_one_list() -> None:
     assert PASS_NAMES == (
         "pushdown",
         "fold_views",
+        "join_sums",
         "split_reductions",
         "split_weight_grads",
         "split_wide",
@@ -83,7 +84,13 @@ def test_pass_names_are_one_list() -> None:
                 CompileOptions.parse({"passes": {p.name: False}})
     modules = {f.stem for f in Path(passes.__file__).parent.glob("*.py") if f.stem != "__init__"}
     assert modules == set(PASS_NAMES)  # a module per pass, and nothing else
-    for name in ("pushdown", "fold_views", "split_reductions", "split_weight_grads"):  # the IR rewrites
+    for name in (
+        "pushdown",
+        "fold_views",
+        "join_sums",
+        "split_reductions",
+        "split_weight_grads",
+    ):  # the IR rewrites
         assert callable(getattr(importlib.import_module(f"glcomp.ir.passes.{name}"), name))
     tests = Path(__file__).parent / "passes"
     assert {f.stem for f in tests.glob("test_*.py")} == {f"test_{n}" for n in PASS_NAMES}

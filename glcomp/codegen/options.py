@@ -42,6 +42,7 @@ PASSES = {
     "pushdown": "push transposes below matmuls and sums (IR rewrite)",
     "blend": "accumulate sums of kernel results with additive blending (float-blend targets)",
     "fold_views": "fold transposes of transposes and reshapes of reshapes (IR rewrite, exact)",
+    "join_sums": "join a sum of products into one product over concatenated operands (IR rewrite)",
     "split_reductions": "reduce long sums and maxima with few outputs in two parallel stages (IR rewrite)",
     "split_weight_grads": "split long convolution weight gradients into partial sums side by side "
     "in one draw (IR rewrite)",

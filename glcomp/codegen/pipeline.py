@@ -6,8 +6,8 @@ switched (options.PASSES), and what ``dump_after=`` takes. A pass never changes 
 given; one switched off returns it as it is (``fusion`` off still plans kernels, one per op, and
 ``memplan`` off still assigns textures, none shared). Each pass module states its guarantees.
 
-    pushdown, fold_views, split_reductions,  IR rewrites (switchable; the rewrites themselves are
-    split_weight_grads                       glcomp.ir.passes', the IR never imports codegen)
+    pushdown, fold_views, join_sums,         IR rewrites (switchable; the rewrites themselves are
+    split_reductions, split_weight_grads     glcomp.ir.passes', the IR never imports codegen)
     split_wide, isolate_states               IR rewrites the target and the bundle need
     layout                                   the topological order and every node's texture layout
     fusion, epilogue, texture_units          which values are stored, and the kernels computing them
@@ -30,6 +30,7 @@ from glcomp.codegen.passes.epilogue import epilogue
 from glcomp.codegen.passes.fold_views import fold_views
 from glcomp.codegen.passes.fusion import fusion
 from glcomp.codegen.passes.isolate_states import isolate_states
+from glcomp.codegen.passes.join_sums import join_sums
 from glcomp.codegen.passes.layout import layout
 from glcomp.codegen.passes.memplan import memplan
 from glcomp.codegen.passes.mrt import mrt
@@ -60,6 +61,7 @@ PIPELINE: tuple[Pass, ...] = tuple(
     for f in (
         pushdown,
         fold_views,
+        join_sums,
         split_reductions,
         split_weight_grads,
         split_wide,
