@@ -5,9 +5,10 @@ and the commands' argument errors.
 
 The page (glcomp/runtime/js/site.html) trains with glcomp.js on SwiftShader; the Python site
 it is compared with trains the same program with the moderngl runtime (llvmpipe). Measured: the
-page's update after one round (8 Adam steps of a 6-12-3 MLP, batch 8) differs from the Python
-GL client's update on the same data and global weights by at most 6.0e-8 (max abs over the
-weights; losses within 6.0e-8); the tests allow 1e-5 (see docs/federated.md).
+page's update after one federated round (8 Adam steps of a 6-12-3 MLP, batch 8, 64 rows) differs
+from the Python GL client's update on the same data and global weights by at most 4.5e-8 (max
+abs over the weights; its losses by 6.0e-8), and by 6.0e-8 after the refusal test's 4 steps on
+32 rows; the tests allow ATOL = 1e-5 (see docs/federated.md).
 """
 
 from __future__ import annotations
@@ -227,6 +228,8 @@ def test_bridge_refuses_bad_updates_from_the_page(browser: Any, example: Path, t
         np.testing.assert_allclose(result.weights[k], v, rtol=0, atol=ATOL, err_msg=k)
     np.testing.assert_allclose(result.losses, want.losses, rtol=0, atol=ATOL)
     assert result.num_examples == 32 and result.steps == 4
+    diff = max(float(np.max(np.abs(result.weights[k] - v))) for k, v in want.weights.items())
+    print(f"browser vs Python GL (4 steps, in-process bridge): update max abs difference {diff:.2e}")
 
 
 # -- a federation with a browser site -------------------------------------------------------------------
@@ -282,7 +285,7 @@ def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
     """``glcomp federated server`` (SuperLink + ServerApp, one site a round, 1 round) and
     ``glcomp federated site --browser`` (SuperNode + bridge + page): the round's aggregate of the
     one site is the page's update, equal to a Python GL site's update from the same global weights
-    on the same data within ATOL (measured: 6.0e-8, see the module docstring)."""
+    on the same data within ATOL (measured: 4.5e-8, see the module docstring)."""
     import glcomp
     from glcomp.federated import history
 
@@ -360,8 +363,9 @@ def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
     want = _python_update(prog, data, start, "browser-a", 1)
     diff = max(float(np.max(np.abs(np.asarray(got.params[k]) - v))) for k, v in want.weights.items())
     assert diff <= ATOL, diff
-    np.testing.assert_allclose(state["rounds"][0]["losses"], want.losses, rtol=0, atol=ATOL)
+    loss_diff = float(np.max(np.abs(np.asarray(state["rounds"][0]["losses"]) - want.losses)))
+    assert loss_diff <= ATOL, loss_diff
     assert len(want.losses) == 8
     assert entry["metrics"]["num-examples"] == 64
     np.testing.assert_allclose(entry["metrics"]["update-norm"], want.update_norm, rtol=1e-4)
-    print(f"browser vs Python GL update: max abs difference {diff:.2e}")
+    print(f"browser vs Python GL: update max abs difference {diff:.2e}, losses {loss_diff:.2e}")

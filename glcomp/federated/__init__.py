@@ -15,6 +15,9 @@ one is rejected with a GlcompError naming the site and tensor, never aggregated.
 - ``glcomp federated simulate``: an example's data dealt out to N sites (glcomp.federated.partition)
   and federated on Flower's simulation engine or, ``--engine deployment``, on a SuperLink and
   SuperNode processes on 127.0.0.1 (glcomp.federated.cli, glcomp.federated.deploy).
+- ``glcomp federated server`` / ``glcomp federated site [--browser]``: the server (a SuperLink
+  and the ServerApp) and one site (a SuperNode) as separate commands; a browser site trains in a
+  glcomp.js page through a checked local bridge (glcomp.federated.site, glcomp.federated.bridge).
 
 Importing this package does not import Flower; building an app does. Flower's telemetry is
 switched off (``FLWR_TELEMETRY_ENABLED=0``) unless the environment sets it.

@@ -190,7 +190,7 @@ def add_federated_command(sub: Any) -> None:
     t.add_argument(
         "--port", type=_port, default=8765, help="the page's port on 127.0.0.1 (default 8765, 0: any free)"
     )
-    t.add_argument("--dir", metavar="DIR", help="the site's directory (default runs/site-<name>)")
+    t.add_argument("--dir", metavar="DIR", help="the site's directory (default runs/sites/<name>)")
     t.add_argument(
         "--round-timeout",
         type=_seconds,

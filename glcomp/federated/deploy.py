@@ -338,7 +338,8 @@ def run_deployment(
     out_dir = Path(out_dir).resolve()
     from glcomp.federated.core import RoundStore
 
-    _, prog, _ = prepare(source, clients, partition, seed, runtime, progress)  # checks it all first
+    shown = progress if supernodes != 0 else None  # the server command's sites bring their own data
+    _, prog, _ = prepare(source, clients, partition, seed, runtime, shown)  # checks it all first
     RoundStore(out_dir, prog).open()  # the federation directory, before app/ and logs/ go in it
     config = {
         "example": str(Path(source).resolve()),

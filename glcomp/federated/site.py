@@ -195,7 +195,7 @@ def run_site(
     if browser:
         check_port_free(port)  # before compiling: a taken port is the first thing to say
     name = name or (f"site-{partition_id}" if partition_id is not None else "site")
-    folder = Path(site_dir) if site_dir is not None else Path("runs") / f"site-{name}"
+    folder = Path(site_dir) if site_dir is not None else Path("runs") / "sites" / name
     folder = folder.resolve()
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     if partition_id is not None:
