@@ -10,7 +10,7 @@ module's layer may use:
 - codegen: neutral, ir and codegen (it lowers the frozen IR program, glcomp.ir.program, and
   never sees the Program facade);
 - runtime (GL and numpy runtimes): neutral and runtime only; they know the manifest, not the IR;
-- top (the package, compiler, the Program facade, cli, serve, testing): anything.
+- top (the package, compiler, the Program facade, cli, train, usercode, serve, testing): anything.
 
 And `glcomp.load` stays light: loading a bundle and building its reference runtime imports no
 code-generator module and no Jinja.
