@@ -37,6 +37,9 @@ EXPRESSIONS: dict[str, Callable[[Any], Any]] = {
     "sum(a - a)": lambda a, x: (a - a).sum(dim=1, keepdim=True),
     "softmax(a)": lambda a, x: glcomp.functions.softmax(a, dim=1),
     "a @ ones": lambda a, x: glcomp.functions.matmul(a, (x * x + 1.0).transpose(0, 1)),
+    "maximum(a - a, x)": lambda a, x: (a - a).maximum(x),
+    "amax(a - 2a)": lambda a, x: (a - 2 * a).amax(dim=1, keepdim=True),
+    "isnan(a - a) + a": lambda a, x: (a - a).isnan() + a,
 }
 X = np.array([[100.0, 1.0, -3.0, 0.0], [89.0, 88.0, 3.0, -1.0]], np.float32)
 
