@@ -26,6 +26,7 @@ from glcomp.format.shaders import SHADERS_FILE, float_literal, shader_literals
 from glcomp.ir.graph import Graph
 from glcomp.ir.program import ENTRY_POINTS, InputSpec, IRProgram, StateSpec
 from glcomp.runtime.feeds import check_feeds
+from glcomp.runtime.protocol import Runtime
 
 # Graph outputs that update a state, by prefix: the role of the state they update.
 _UPDATES = {"param": "param", "buffer": "buffer", "state": "state"}
@@ -178,10 +179,10 @@ class Program:
         changes |= {"counters": counters, "lr": lr}
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
-    def runtime(self, kind: str = "reference", **options: Any) -> Any:
+    def runtime(self, kind: str = "reference", **options: Any) -> Runtime:
         """A runtime for this program, starting from the program's state: ``"reference"``
         (numpy; needs the IR graphs) or ``"gl"`` (moderngl; a loaded program runs the bundle it
-        was loaded from, without compiling again)."""
+        was loaded from, without compiling again). Both offer `glcomp.runtime.protocol.Runtime`."""
         if kind == "reference":
             from glcomp.ir.interpret import evaluate
             from glcomp.ir.names import program_tensor_nodes
@@ -199,7 +200,7 @@ class Program:
             return self._bound(GLRuntime(self.bundle(), **options))
         raise GlcompError(f"unknown runtime {kind!r}; use 'reference' or 'gl'")
 
-    def _bound(self, runtime: Any) -> Any:
+    def _bound(self, runtime: Runtime) -> Runtime:
         if self.optimizer is not None:
             self.optimizer.bind(runtime)
         return runtime

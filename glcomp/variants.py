@@ -30,6 +30,7 @@ from typing import Any
 
 from glcomp.errors import GlcompError
 from glcomp.program import Program
+from glcomp.runtime.protocol import Runtime
 
 INDEX = "variants.json"
 INDEX_FORMAT = "glcomp-variants"
@@ -96,7 +97,7 @@ class VariantSet:
             raise GlcompError(f"variants: no variant {name!r}; this set has {self.names}")
         return self.programs[name]
 
-    def runtime(self, kind: str = "gl", variant: str | None = None, **kwargs: Any) -> Any:
+    def runtime(self, kind: str = "gl", variant: str | None = None, **kwargs: Any) -> Runtime:
         """A runtime of variant `variant` (forced; default the first), as `Program.runtime`."""
         return self.program(variant).runtime(kind, **kwargs)
 
