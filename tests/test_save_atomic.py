@@ -325,6 +325,7 @@ def test_a_fault_at_every_syscall_of_a_save_leaves_the_old_or_the_new_bundle(
         seen["b" if which == "b" else "old"] += 1
         old = "c" if old == "a" else "a"
         _recover(d, user, before, programs[old], where)
+    print(f"{kind} {when}: {len(boundaries)} boundaries, left old {seen['old']}, new {seen['b']}")
     assert seen["old"] and seen["b"], seen  # the faults fell on both sides of the switch
 
 
@@ -358,6 +359,7 @@ def test_a_kill_at_every_syscall_of_a_save_leaves_the_old_or_the_new_bundle(
         seen["b" if which == "b" else "old"] += 1
         old = "c" if old == "a" else "a"
         _recover(d, user, before, programs[old], where)
+    print(f"kill -9: {len(calls) + 1} boundaries, left old {seen['old']}, new {seen['b']}")
     assert seen["old"] and seen["b"], seen
 
 
@@ -471,6 +473,10 @@ def test_readers_during_saves_load_the_old_or_the_new_bundle_every_time(
     result = json.loads(out_r.strip().splitlines()[-1])
     assert result["failed"] == 0, result
     named = {prints[k]: n for k, n in result["counts"].items()}  # a KeyError here: a mixed bundle
+    print(
+        f"{seconds:g} s: loads {named} (process), {loads} (thread), {result['failed']} failed; "
+        f"saves {saves[0]} (thread), {out_w.strip().splitlines()[-1]} (process)"
+    )
     assert sum(named.values()) >= 5 and sum(loads.values()) >= 5, (named, loads)
     assert saves[0] >= 2 and int(out_w.strip().splitlines()[-1]) >= 2, (saves, out_w)
     assert (d / "data.safetensors").read_bytes() == b"the user's data"
@@ -636,6 +642,41 @@ def test_a_real_mount_point_in_a_read_only_parent_saves(
     biases = [programs[k].state()["0.bias"].tolist() for k in "ba"]
     np.testing.assert_allclose([json.loads(line) for line in lines[:2]], biases, rtol=1e-6)
     assert lines[2:] == ["mine", "b"]  # the user's file kept; nothing but the bundle in the parent
+
+
+def test_the_directory_is_fsynced_before_and_after_the_switch(
+    programs: dict[str, glcomp.Program], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's save renamed without fsyncing the parent: a power loss could lose the renames.
+    Now the bundle directory is fsynced after the stored files are renamed into it (before the
+    manifest names them) and again after the switch (os.replace of manifest.json)."""
+    d = tmp_path / "b"
+    programs["a"].save(d)
+    events: list[str] = []
+    real = {name: getattr(os, name) for name in ("fsync", "rename", "replace")}
+
+    def fsync(fd: int) -> None:
+        real["fsync"](fd)
+        events.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+
+    def moved(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> None:
+            real[name](*args, **kwargs)
+            events.append(f"{name} {args[1]}")
+
+        return call
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", moved("rename"))
+    monkeypatch.setattr(os, "replace", moved("replace"))
+    programs["b"].save(d)
+    monkeypatch.undo()
+    switch = events.index("replace manifest.json")
+    renames = [i for i, e in enumerate(events) if e.startswith("rename ")]
+    assert renames and renames[-1] < switch, events
+    assert "fsync dir" in events[renames[-1] + 1 : switch], events
+    assert events[switch - 1] == "fsync file", events  # the new manifest itself, before the switch
+    assert "fsync dir" in events[switch + 1 :], events
 
 
 def test_disk_full_is_an_error_naming_the_directory_and_keeps_the_old_bundle(
