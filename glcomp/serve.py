@@ -133,7 +133,7 @@ def _resolve(target: str, bundle_dir: Path, data_file: Path | None) -> Path | No
         if parts == [DATA_FILE] and data_file is not None:
             return data_file
         return _safe_file(bundle_dir, parts, _BUNDLE_SUFFIXES)
-    if len(parts) == 1:
+    if len(parts) == 1 or (len(parts) == 2 and parts[0] == "format"):  # format/: the bundle format's modules
         return _safe_file(JS_DIR, parts, _JS_SUFFIXES)
     return None
 

@@ -1,5 +1,5 @@
 """The packing rule has one Python statement (glcomp.format.packing) that the code generator and
-both Python runtimes import, and a JavaScript twin (glcomp/runtime/js/io.js pack/unpack) that
+both Python runtimes import, and a JavaScript twin (glcomp/runtime/js/format/packing.js pack/unpack) that
 must place every element where it does: a corpus of layouts packed by both, compared bit for
 bit, and unpacked back by both."""
 
@@ -19,7 +19,7 @@ from glcomp.codegen import layout as codegen_layout
 from glcomp.format.packing import Layout, layout_for, pack, unpack
 from glcomp.runtime import packing as runtime_packing
 
-IO_JS = Path(glcomp.__file__).parent / "runtime" / "js" / "io.js"
+PACKING_JS = Path(glcomp.__file__).parent / "runtime" / "js" / "format" / "packing.js"
 
 # (shape, max texture side, forced width): scalars, rows shorter, equal and longer than a texel,
 # padded rows, several pages, and a forced width.
@@ -59,7 +59,7 @@ def _node_packs(records: list[dict]) -> list[dict]:
     node = shutil.which("node")
     assert node is not None, "node (installed with the npm toolchain) runs the JavaScript twin"
     script = f"""
-import {{ pack, unpack }} from {json.dumps(IO_JS.as_uri())};
+import {{ pack, unpack }} from {json.dumps(PACKING_JS.as_uri())};
 const cases = JSON.parse(await new Promise((ok) => {{
   let s = ""; process.stdin.on("data", (d) => (s += d)); process.stdin.on("end", () => ok(s));
 }}));

@@ -1,12 +1,13 @@
 """One manifest schema for both loaders: glcomp/format/manifest.schema.json, interpreted by
-glcomp/format/jsonschema.py (Python) and glcomp/runtime/js/schema.js (browser, through the
-generated manifest_schema.js). A corpus of a real manifest and its tamperings is accepted and
+glcomp/format/jsonschema.py (Python) and glcomp/runtime/js/format/jsonschema.js (browser, through
+the generated format/manifest_schema.js). A corpus of a real manifest and its tamperings is accepted and
 rejected identically, with the same messages, by Python and by glcomp.js in Chromium."""
 
 from __future__ import annotations
 
 import copy
 import json
+import posixpath
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -28,15 +29,20 @@ from glcomp.program import ENTRY_POINTS
 from glcomp.serve import make_server
 
 JS_DIR = Path(glcomp.__file__).parent / "runtime" / "js"
+FORMAT_JS = JS_DIR / "format"  # one module per glcomp/format module
+FORMAT_PY = sorted((Path(glcomp.__file__).parent / "format").glob("*.py"))
+# glcomp/format modules with a browser twin of the same name (the others: bundle writing, file
+# writes, program.json and the store, which only Python does, or glcomp.js does in io.js).
+FORMAT_TWINS = {"jsonschema", "manifest", "packing", "parse", "shaders"}
 
 
 def test_js_schema_module_is_generated_from_the_json() -> None:
     """manifest_schema.js is `python3 -m glcomp.format`'s output for the current JSON."""
-    assert (JS_DIR / "manifest_schema.js").read_text() == js_module()
+    assert (FORMAT_JS / "manifest_schema.js").read_text() == js_module()
 
 
 def test_both_interpreters_know_the_same_keywords() -> None:
-    source = (JS_DIR / "schema.js").read_text()
+    source = (FORMAT_JS / "jsonschema.js").read_text()
     found = re.search(r"const KEYWORDS = new Set\(\[(.*?)\]\);", source, re.S)
     assert found is not None
     assert set(re.findall(r'"([^"]+)"', found[1])) == KEYWORDS
@@ -74,15 +80,17 @@ def test_the_browser_modules_are_served_and_import_only_each_other(tmp_path: Pat
     modules that exist beside them (so '/glcomp.js' loads whole)."""
     import threading
 
-    modules = sorted(p.name for p in JS_DIR.glob("*.js"))
-    assert {"glcomp.js", "manifest.js", "manifest_schema.js", "schema.js", "io.js", "runtime.js"} <= set(
-        modules
-    )
+    modules = sorted(p.relative_to(JS_DIR).as_posix() for p in JS_DIR.glob("**/*.js"))
+    assert {"glcomp.js", "io.js", "runtime.js"} <= set(modules)
+    assert {f"format/{p.stem}.js" for p in FORMAT_PY if p.stem in FORMAT_TWINS} | {
+        "format/manifest_schema.js"
+    } == {m for m in modules if m.startswith("format/")}
     for name in modules:
         for target in re.findall(
             r'^(?:import|export)[^;]*? from "([^"]+)";', (JS_DIR / name).read_text(), re.M | re.S
         ):
-            assert target.startswith("./") and target[2:] in modules, (name, target)
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+            assert target.startswith(("./", "../")) and resolved in modules, (name, target)
     (tmp_path / "b").mkdir()
     server = make_server(tmp_path / "b")
     thread = threading.Thread(target=server.serve_forever, daemon=True)

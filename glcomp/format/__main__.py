@@ -1,4 +1,4 @@
-"""``python3 -m glcomp.format > glcomp/runtime/js/manifest_schema.js``: the browser runtime's copy
+"""``python3 -m glcomp.format > glcomp/runtime/js/format/manifest_schema.js``: the browser runtime's copy
 of the manifest schema."""
 
 from glcomp.format.manifest import js_module

@@ -1,6 +1,6 @@
 """A small interpreter of the JSON Schema keywords glcomp's manifest schema uses.
 
-glcomp/runtime/js/schema.js is the same interpreter in JavaScript: for any JSON value and schema
+glcomp/runtime/js/format/jsonschema.js is the same interpreter in JavaScript: for any JSON value and schema
 both accept the same values, and report the first fault they meet in the same order with the
 same message. Supported: ``type`` (object, array, string, integer, number, boolean, null; a
 list of them), ``const``, ``enum``, ``pattern`` (anchored ``^...$``, ECMAScript syntax common to

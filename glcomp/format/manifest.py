@@ -4,7 +4,7 @@
 glcomp/format/jsonschema.py, then in code what a schema cannot say: every texture, state,
 program, shader and hyper-parameter a field names exists, layouts agree with their shapes and
 textures, formats are consistent, and the resources it asks for fit their budgets. The browser
-runtime (glcomp/runtime/js/manifest.js) loads the same schema (as the generated module
+runtime (glcomp/runtime/js/format/manifest.js) loads the same schema (as the generated module
 manifest_schema.js) into the same interpreter and runs the same cross-checks, so both accept and
 reject the same manifests. This module imports nothing of glcomp but its errors: runtimes and the
 code generator both use it.
@@ -365,13 +365,13 @@ def _cross_check(
 
 
 def js_module() -> str:
-    """The browser runtime's copy of the schema, glcomp/runtime/js/manifest_schema.js: an ES
+    """The browser runtime's copy of the schema, glcomp/runtime/js/format/manifest_schema.js: an ES
     module whose default export is manifest.schema.json's value (tests check the two agree)."""
     body = json.dumps(manifest_schema(), indent=2, ensure_ascii=True)
     return (
         "// The manifest's JSON Schema for the browser runtime, generated from\n"
         "// glcomp/format/manifest.schema.json by `python3 -m glcomp.format > "
-        "glcomp/runtime/js/manifest_schema.js`.\n"
+        "glcomp/runtime/js/format/manifest_schema.js`.\n"
         "// Do not edit: change the JSON and regenerate (a test checks that both agree).\n"
         f"export default {body};\n"
     )

@@ -2,7 +2,7 @@
 safetensors weights.
 
 `parse_json` and `parse_safetensors` accept and refuse exactly what glcomp.js's parseJson and
-parseSafetensors (glcomp/runtime/js/io.js) do; any fault is a GlcompError naming the file, and
+parseSafetensors (glcomp/runtime/js/format/parse.js) do; any fault is a GlcompError naming the file, and
 nothing else. Sizes, nesting and shapes are bounded before anything large is built. This module
 imports nothing of glcomp but its errors and the format's helpers.
 """

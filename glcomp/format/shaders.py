@@ -3,8 +3,8 @@
 `shader_loop_bound` admits only the constant-bounded loops the compiler emits and bounds the
 iterations of ``main`` and the size of every function with its calls inlined (calls multiply);
 `check_shaders` holds every program's fragment shader to the ``loop_iterations`` its manifest
-declares; `unpack_shaders` reads shaders.json. glcomp.js (glcomp/runtime/js/manifest.js
-shaderLoopBound, io.js unpackShaders) accepts and refuses the same shaders with the same numbers.
+declares; `unpack_shaders` reads shaders.json. glcomp.js (glcomp/runtime/js/format/shaders.js
+shaderLoopBound and unpackShaders) accepts and refuses the same shaders with the same numbers.
 Any fault is a GlcompError naming the shader as `shader_path` does.
 """
 

@@ -3,7 +3,7 @@
 // following its relative imports) into dist/ before `npm pack`, and checks that this package's
 // version is glcomp's (glcomp/_version.py, the one place). No dependencies.
 import { copyFileSync, mkdirSync, readFileSync, rmSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { dirname, join, posix } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -18,16 +18,23 @@ if (pkg.version !== version) {
   process.exit(1);
 }
 
-const wanted = new Set();
+const wanted = new Set(); // paths relative to src, with "/" (format/manifest.js)
 const visit = (name) => {
   if (wanted.has(name)) return;
   wanted.add(name);
   const text = readFileSync(join(src, name), "utf8");
-  for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"\.\/([\w.-]+\.js)"/gms)) visit(m[1]);
+  for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"(\.{1,2}\/[\w./-]+\.js)"/gms)) {
+    const target = posix.normalize(posix.join(posix.dirname(name), m[1]));
+    if (target.startsWith("../")) throw new Error(`${name} imports ${m[1]}, outside glcomp/runtime/js`);
+    visit(target);
+  }
 };
 visit("glcomp.js");
 
 rmSync(dist, { recursive: true, force: true });
 mkdirSync(dist);
-for (const name of [...wanted].sort()) copyFileSync(join(src, name), join(dist, name));
+for (const name of [...wanted].sort()) {
+  mkdirSync(dirname(join(dist, name)), { recursive: true });
+  copyFileSync(join(src, name), join(dist, name));
+}
 console.log(`dist/: ${[...wanted].sort().join(", ")}`);

@@ -1,9 +1,9 @@
 // The browser runtime: runs a validated bundle's entry points with WebGL exactly as
 // glcomp/runtime/gl.py does with moderngl.
-import {
-  checkFeeds, loadBundle, nestedShape, pack, parseSafetensors, unpack, writeSafetensors,
-} from "./io.js";
-import { TEXEL_BYTES, texelSpan, textureFormat } from "./manifest.js";
+import { TEXEL_BYTES, texelSpan, textureFormat } from "./format/manifest.js";
+import { pack, unpack } from "./format/packing.js";
+import { parseSafetensors, writeSafetensors } from "./format/parse.js";
+import { checkFeeds, loadBundle, nestedShape } from "./io.js";
 import { inspectTensor, visibleOutputs } from "./inspect.js";
 import { isFrames, uploadFrames } from "./frames.js";
 import {

@@ -1,5 +1,5 @@
 // The manifest's JSON Schema for the browser runtime, generated from
-// glcomp/format/manifest.schema.json by `python3 -m glcomp.format > glcomp/runtime/js/manifest_schema.js`.
+// glcomp/format/manifest.schema.json by `python3 -m glcomp.format > glcomp/runtime/js/format/manifest_schema.js`.
 // Do not edit: change the JSON and regenerate (a test checks that both agree).
 export default {
   "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -6,7 +6,7 @@
 // minItems/maxItems, properties, required, additionalProperties (false or a schema),
 // propertyNames, minProperties/maxProperties, anyOf and local $ref (#/$defs/NAME). Any other
 // keyword is refused when a Validator is made.
-import { GlcompError, isObj } from "./util.js";
+import { GlcompError, isObj } from "../util.js";
 
 const KEYWORDS = new Set(["type", "const", "enum", "pattern", "format", "minLength", "maxLength", "minimum",
   "maximum", "items", "minItems", "maxItems", "properties", "required", "additionalProperties", "propertyNames",
