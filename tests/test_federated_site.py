@@ -173,6 +173,37 @@ def _open_page(browser: Any, url: str, data: dict[str, np.ndarray]) -> Any:
     return page
 
 
+def _check_http_surface(bridge: Any) -> None:
+    """The bridge serves the page, the runtime and the bundle, nothing else; the ClientApp's API
+    needs the token, the page's API its own origin and Host."""
+    import http.client
+
+    def call(method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"{}") -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", bridge.port, timeout=10)
+        try:
+            conn.request(method, path, body=body if method == "POST" else None, headers=headers or {})
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    own = {"Origin": bridge.url.rstrip("/"), "Content-Type": "application/json"}
+    assert call("GET", "/") == 200 and call("GET", "/site.js") == 200
+    assert call("GET", "/bundle/manifest.json") == 200
+    for path in (
+        "/../federated/bridge.py",
+        "/bundle/../model/manifest.json",
+        "/%2e%2e/cli.py",
+        "/.hidden.js",
+    ):
+        assert call("GET", path) == 404, path
+    assert call("GET", "/site.js", {"Host": "evil.example:80"}) == 403
+    assert call("POST", "/bridge/train", {"X-Glcomp-Token": "guess"}) == 403
+    assert call("POST", "/api/data", {**own, "Origin": "http://evil.example"}, b'{"rows": 8}') == 403
+    assert call("POST", "/api/data", own, b'{"rows": 0}') == 422
+    assert call("POST", "/api/data", {**own, "Content-Length": "999999999"}) in (400, 422)
+    assert bridge.rows is None
+
+
 def test_bridge_refuses_bad_updates_from_the_page(browser: Any, example: Path, tmp_path: Path) -> None:
     """The page sends NaN, a wrong shape, a wrong name, a wrong example count: the bridge refuses
     each with a GlcompError naming the site (and the ClientApp's call over HTTP fails with it), the
@@ -196,6 +227,7 @@ def test_bridge_refuses_bad_updates_from_the_page(browser: Any, example: Path, t
         "count": ("u.num_examples = 1000", "num_examples 1000"),
     }
     with Bridge(prog, "browser-b", tmp_path / "model", port=0, job_timeout=60, progress=None) as bridge:
+        _check_http_surface(bridge)
         page = _open_page(browser, bridge.url, data)
         client = BrowserClient(prog, "browser-b", bridge.url, bridge.token, seed=0, timeout=60)
         for rnd, (kind, (js, why)) in enumerate(bad.items(), start=1):
@@ -220,6 +252,7 @@ def test_bridge_refuses_bad_updates_from_the_page(browser: Any, example: Path, t
             prog, Site("browser-b", {}), start, server_round=5, epochs=1, steps=None
         )
         assert "SwiftShader" in renderer, renderer
+        page.wait_for_function("() => window.glcompSite.state.rounds[4].answer !== null")
         assert page.evaluate("() => window.glcompSite.state.rounds[4].answer") == "accepted"
         assert page.errors == []
     want = _python_update(prog, data, start, "browser-b", 5)
@@ -233,6 +266,13 @@ def test_bridge_refuses_bad_updates_from_the_page(browser: Any, example: Path, t
 
 
 # -- a federation with a browser site -------------------------------------------------------------------
+NAN_IN_ROUND_2 = """() => window.glcompSite.setTamper((u, job) => {
+  const bad = new Float32Array([0, NaN, 0]);
+  if (job.round === 2) u.weights["2.bias"].data = btoa(String.fromCharCode(...new Uint8Array(bad.buffer)));
+  return u;
+})"""
+
+
 class _Proc:
     """A command run in its own process group, its output lines in a queue."""
 
@@ -279,13 +319,17 @@ class _Proc:
                 self.proc.wait(10)
 
 
+@pytest.mark.parametrize("num_rounds", [1, pytest.param(2, marks=pytest.mark.slow_only)])
 def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
-    browser: Any, example: Path, tmp_path: Path
+    browser: Any, example: Path, tmp_path: Path, num_rounds: int
 ) -> None:
-    """``glcomp federated server`` (SuperLink + ServerApp, one site a round, 1 round) and
-    ``glcomp federated site --browser`` (SuperNode + bridge + page): the round's aggregate of the
-    one site is the page's update, equal to a Python GL site's update from the same global weights
-    on the same data within ATOL (measured: 4.5e-8, see the module docstring)."""
+    """``glcomp federated server`` (SuperLink + ServerApp, one site a round) and ``glcomp
+    federated site --browser`` (SuperNode + bridge + page): round 1's aggregate of the one site
+    is the page's update, equal to a Python GL site's update from the same global weights on the
+    same data within ATOL (measured: 4.5e-8, see the module docstring). With 2 rounds (``--slow``:
+    a deployment round costs about 20 s here) the page sends NaN in round 2: the bridge refuses
+    it, the server records the site's failure and the global model stays round 1's, bit for bit
+    (nothing of the bad update is aggregated)."""
     import glcomp
     from glcomp.federated import history
 
@@ -298,7 +342,7 @@ def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
             "server",
             str(example),
             "--rounds",
-            "1",
+            str(num_rounds),
             "--min-clients",
             "1",
             "--port",
@@ -339,9 +383,15 @@ def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
         url = site.expect(r"the page: (http://127\.0\.0\.1:\d+/)", 60)[1]
         data = {"x": spec.x_train, "y": spec.y_train}
         page = _open_page(browser, url, data)
-        server.expect(r"^round 1/1: 1 clients answered", 120)
-        server.expect(r"^federated: 1 rounds, 1 clients", 30)
+        page.evaluate(NAN_IN_ROUND_2)
+        server.expect(rf"^round 1/{num_rounds}: 1 clients answered", 120)
+        if num_rounds == 2:
+            server.expect(r"^round 2/2: 0 clients answered, 0 rejected, 1 failed", 90)
+        server.expect(rf"^federated: {num_rounds} rounds, 1 clients", 30)
         assert server.proc.wait(30) == 0
+        page.wait_for_function(
+            "(n) => window.glcompSite.state.rounds[n - 1]?.answer != null", arg=num_rounds, timeout=30000
+        )
         state = page.evaluate("() => window.glcompSite.state")
         assert page.errors == []
     finally:
@@ -349,11 +399,11 @@ def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
         if site is not None:
             site.stop()
     rounds = history(out)
-    assert [r["round"] for r in rounds] == [0, 1]
+    assert [r["round"] for r in rounds] == list(range(num_rounds + 1))
     (entry,) = rounds[1]["sites"]
     assert entry["name"] == "browser-a" and "SwiftShader" in entry["renderer"], entry
     assert rounds[1]["rejected"] == [] and rounds[1]["failed"] == []
-    assert state["round"] == 1 and state["rounds"][0]["answer"] == "accepted"
+    assert state["round"] == num_rounds and state["rounds"][0]["answer"] == "accepted"
     n_weights = sum(int(np.prod(v.shape)) for v in prog.params.values())
     assert state["rounds"][0]["sent"]["bytes"] == 4 * n_weights
 
@@ -361,6 +411,13 @@ def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
     start = {k: np.asarray(v, np.float32) for k, v in (start_prog.params | start_prog.buffers).items()}
     got = glcomp.load(out / "round-0001" / "model")
     want = _python_update(prog, data, start, "browser-a", 1)
+    if num_rounds == 2:  # round 2 refused at the bridge: a failure, never aggregated
+        (failed,) = rounds[2]["failed"]
+        assert "site 'browser-a'" in failed["reason"] and "NaN" in failed["reason"], failed
+        assert rounds[2]["sites"] == [] and state["rounds"][1]["answer"].startswith("refused")
+        kept = glcomp.load(out / "round-0002" / "model")
+        for k in got.params:  # the global model stayed round 1's, bit for bit
+            np.testing.assert_array_equal(np.asarray(kept.params[k]), np.asarray(got.params[k]), err_msg=k)
     diff = max(float(np.max(np.abs(np.asarray(got.params[k]) - v))) for k, v in want.weights.items())
     assert diff <= ATOL, diff
     loss_diff = float(np.max(np.abs(np.asarray(state["rounds"][0]["losses"]) - want.losses)))

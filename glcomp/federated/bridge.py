@@ -383,6 +383,12 @@ class _Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = False
     bridge: Bridge
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a page closed mid-poll is no error
+            super().handle_error(request, client_address)
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
@@ -449,16 +455,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if path == "/":
             path = "/" + PAGE
         name = path.lstrip("/")
-        if name.startswith("bundle/"):
-            folder, name = bridge.bundle_dir, name[len("bundle/") :]
-        else:
-            folder = JS_DIR
+        if name.startswith("bundle/"):  # the bundle's own files
+            folder, parts = bridge.bundle_dir, name[len("bundle/") :].split("/")
+        else:  # the page and the runtime's modules (and their subfolders), .js and .html only
+            folder, parts = JS_DIR, name.split("/")
             if not name.endswith((".js", ".html")):
                 return self._json(404, {"error": "not found"})
-        if not name or "/" in name or "\\" in name or name.startswith("."):
+        if not all(part and not part.startswith(".") and "\\" not in part for part in parts):
             return self._json(404, {"error": "not found"})
-        file = folder / name
-        if not file.is_file():
+        file = folder.joinpath(*parts)
+        if not file.is_file() or not file.resolve().is_relative_to(folder.resolve()):
             return self._json(404, {"error": "not found"})
         self._send(200, file.read_bytes(), _TYPES.get(file.suffix, "application/octet-stream"))
 

@@ -31,8 +31,8 @@ const state = {
 let rt = null;
 let spec = null; // {xName, yName, batch, xSize, xDtype, yDtype}
 let data = null; // {x: typed array (rows * xSize), y: typed array (rows), rows}
-// A test hook: a function (update) -> update applied to what is about to be sent (tests use it to
-// send a bad update and see the bridge refuse it). Never set by the page itself.
+// A test hook: a function (update, job) -> update applied to what is about to be sent (tests use
+// it to send a bad update and see the bridge refuse it). Never set by the page itself.
 let tamper = null;
 
 function show(status, text) {
@@ -202,7 +202,7 @@ async function train(job) {
     bytes += f.byteLength;
   }
   let update = { num_examples: data.rows, losses, lr: rt.hyper.lr, weights, renderer: rt.info().renderer ?? "unknown" };
-  if (tamper) update = tamper(update) || update;
+  if (tamper) update = tamper(update, job) || update;
   entry.sent = { bytes, tensors, updateNorm: Math.sqrt(diff) };
   showSent(entry);
   return update;
