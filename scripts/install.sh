@@ -3,7 +3,7 @@
 # runtime, glslang for shader validation, Chromium for the browser runtime, then the package.
 set -euo pipefail
 need=()
-for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri libgles2 glslang-tools chromium; do
+for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri libgles2 glslang-tools chromium xvfb; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 # Another apt or dpkg (unattended-upgrades on a fresh machine, say) may hold the dpkg lock: wait
