@@ -442,6 +442,39 @@ def time_torch(w: Realistic, steps: int) -> float | None:
     return float(np.median(times)) * 1e3
 
 
+def plan_record(name: str, batch: int) -> dict[str, Any]:
+    """Draws of the train step and of predict, and the CPU time of compiling the workload and
+    building its bundle (no GL context: the shaders are generated, not compiled by a driver)."""
+    w = workload(name, batch)
+    start = time.process_time()
+    manifest = w.compile().bundle().manifest
+    cpu = time.process_time() - start
+    entries = manifest["entries"]
+    return {
+        "draws_train_step": len(entries["train_step"]["draws"]),
+        "draws_predict": len(entries["predict"]["draws"]),
+        "compile_cpu_s": cpu,
+    }
+
+
+def plan_table(names: list[str], batches: tuple[int, ...] = (4, 32)) -> str:
+    """Per workload: draws per train step / predict at each of `batches`, and the compile + bundle
+    CPU time at the workload's own batch."""
+    rows = []
+    for name in names:
+        draws = [plan_record(name, b) for b in batches]
+        own = plan_record(name, BUILDERS[name][1])
+        rows.append(
+            [name]
+            + [f"{d['draws_train_step']} / {d['draws_predict']}" for d in draws]
+            + [f"{own['compile_cpu_s']:.2f}"]
+        )
+    from bench import markdown
+
+    head = ["workload", *(f"draws b{b} step / predict" for b in batches), "compile + bundle CPU s"]
+    return markdown(head, rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma-separated workload names")
@@ -449,9 +482,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="write the records as JSON here")
     ap.add_argument("--profile", action="store_true", help="time each draw of one step instead")
     ap.add_argument("--storage", default="f32", choices=["f32", "f16"], help="texture storage")
+    ap.add_argument(
+        "--plan", action="store_true", help="no GL: draws at batch 4 and 32 and compile CPU time per workload"
+    )
     args = ap.parse_args(argv)
     if args.storage != "f32":
         OPTIONS["storage"] = args.storage
+    if args.plan:
+        names = [n for n in args.only.split(",") if n] or list(BUILDERS)
+        print(f"plans (no GL); storage {args.storage}; load {os.getloadavg()}")
+        print(plan_table(names))
+        print(f"load average after: {os.getloadavg()}")
+        return 0
     import moderngl
     from bench import markdown
 

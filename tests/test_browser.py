@@ -112,9 +112,9 @@ def _cnn(target: str) -> glcomp.Program:
 
 
 def _lstm_blend(target: str) -> glcomp.Program:
-    """With transposes pushed down and MRT and epilogue fusion off, the compiler sums the recurrent
-    weight's gradient with additive blending (draws with "blend": true) where the target blends
-    float textures."""
+    """With transposes pushed down, MRT and epilogue fusion off and the per-step products left as a
+    sum (join_sums off), the compiler sums the recurrent weight's gradient with additive blending
+    (draws with "blend": true) where the target blends float textures."""
     glcomp.manual_seed(5)
     return glcomp.compile(
         LastStep(3, 5, 2),
@@ -122,7 +122,7 @@ def _lstm_blend(target: str) -> glcomp.Program:
         loss=nn.CrossEntropyLoss(),
         optimizer=optim.Adam(lr=1e-2),
         target=target,
-        passes={"pushdown": True, "mrt": False, "epilogue": False},
+        passes={"pushdown": True, "mrt": False, "epilogue": False, "join_sums": False},
     )
 
 
@@ -299,7 +299,9 @@ def test_matches_moderngl_runtime(page: Any, site: Site, gl_runtime: Any, model:
     # dispose() leaves nothing behind, by the runtime's count and by the WebGL API's
     assert got["own"] and not any(got["own"].values()), got["own"]
     assert "createTexture" in got["api"] and not any(got["api"].values()), got["api"]
-    assert not page.errors
+    # Reading the weights back is synchronous: Chromium may note a "GPU stall due to ReadPixels"
+    # (a performance warning, depending on timing, seen under load); any other GL message fails.
+    assert not [e for e in page.errors if "GPU stall due to ReadPixels" not in e], page.errors
 
 
 # -- tampered bundles ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import glcomp
 from glcomp import nn, optim
+from glcomp.codegen import cost
 from glcomp.codegen.bundle import PASSES, build_bundle
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import layout_for
@@ -51,6 +52,9 @@ class Spec:
     passes: dict[str, bool] = field(default_factory=dict)
     seed: int = 0
     split_steps: int | None = None  # split K from this many steps of 4 (glcomp.codegen.families.matmul)
+    # tile every product the fetch count favours (no fixed cost of blocked draws): small models
+    # then run register-blocked products, read from their tiles by their epilogues
+    force_tiles: bool = False
 
     def longest_loop(self) -> int:
         """The most positions a conv layer's weight gradient sums over (batch x output area)."""
@@ -133,6 +137,7 @@ def specs(draw: Any) -> Spec:
     spec.seed = draw(st.integers(0, 2**16))
     # Small models split K only with a low threshold (the default needs 1024-long products).
     spec.split_steps = draw(st.sampled_from([None, 2, 4]))
+    spec.force_tiles = draw(st.booleans())
     return spec
 
 
@@ -160,12 +165,14 @@ def _slot(name: str) -> str:
 
 def check_model(spec: Spec, gl_runtime: Any) -> None:
     """GL == reference for `gradients` and three `train_step`s of `spec` (each step from equal states)."""
-    default = tiling.LONG_STEPS
+    default, blocked, gather = tiling.LONG_STEPS, cost.BLOCKED_DRAW, cost.GATHER_FETCHES
     tiling.LONG_STEPS = spec.split_steps or default
+    if spec.force_tiles:
+        cost.BLOCKED_DRAW, cost.GATHER_FETCHES = 0, 0
     try:
         _check_model(spec, gl_runtime)
     finally:
-        tiling.LONG_STEPS = default
+        tiling.LONG_STEPS, cost.BLOCKED_DRAW, cost.GATHER_FETCHES = default, blocked, gather
 
 
 def _check_model(spec: Spec, gl_runtime: Any) -> None:

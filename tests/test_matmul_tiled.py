@@ -225,7 +225,8 @@ class Epilogue(nn.Module):
 @pytest.mark.parametrize("form", ["stored", "linear"])
 def test_tiled_matmul_with_fused_epilogue(form: str, force: Any, gl_runtime: Any):
     """The bias and activation are split off into a kernel of their own that reads the tiled
-    product; gradients and the SGD update train like the reference."""
+    product from its tiles (no gather draw, no product texture); gradients and the SGD update
+    train like the reference."""
     force((4, 2))
     prog = glcomp.compile(
         Epilogue(11, 14, form),
@@ -236,7 +237,8 @@ def test_tiled_matmul_with_fused_epilogue(form: str, force: Any, gl_runtime: Any
         max_draw_buffers=8,
     )
     draws = build_bundle(prog).manifest["entries"]["predict"]["draws"]
-    assert [len(d["targets"]) for d in draws] == [8, 1, 1]  # block, gather, epilogue
+    assert [len(d["targets"]) for d in draws] == [8, 1]  # block, epilogue gathering as it reads
+    assert len(draws[1]["samplers"]) == 8 + 1  # the 8 tiles and the bias
     check(prog, gl_runtime, (9, 14), seed=3)
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(9, 11)).astype(np.float32), rng.normal(size=(9, 14)).astype(np.float32)

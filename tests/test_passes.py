@@ -98,14 +98,16 @@ def test_adam_update_is_one_draw_per_parameter() -> None:
 
 
 def test_blend_accumulates_time_steps(gl_runtime: Any) -> None:
-    """With transposes pushed down and MRT and epilogue fusion off (both would merge the terms
-    into fewer draws), the recurrent weight's gradient is summed by additive blending; results
-    equal the summing kernel's."""
+    """With transposes pushed down, MRT and epilogue fusion off (both would merge the terms into
+    fewer draws) and the per-step products kept as a sum (join_sums off), the recurrent weight's
+    gradient is summed by additive blending; results equal the summing kernel's."""
     glcomp.manual_seed(2)
     model = LastStep(3, 5, 2)
     x, y = _batch()
-    blended = _compile(model, {"pushdown": True, "mrt": False, "epilogue": False})
-    summed = _compile(model, {"pushdown": True, "mrt": False, "epilogue": False, "blend": False})
+    blended = _compile(model, {"pushdown": True, "mrt": False, "epilogue": False, "join_sums": False})
+    summed = _compile(
+        model, {"pushdown": True, "mrt": False, "epilogue": False, "join_sums": False, "blend": False}
+    )
     draws = _draws(blended, "gradients")
     assert sum(d["blend"] for d in draws) >= 2
     assert len(draws) < len(_draws(summed, "gradients"))

@@ -208,7 +208,7 @@ return { losses, pred: Array.from(pred.data), weights, half, live: { ...window._
 
 # With transposes pushed down and MRT and epilogue fusion off, the LSTM's recurrent weight
 # gradient is summed by additive blending, here into RGBA16F targets.
-BLEND = {"pushdown": True, "mrt": False, "epilogue": False}
+BLEND = {"pushdown": True, "mrt": False, "epilogue": False, "join_sums": False}
 BROWSER_CASES = [("cnn", "webgl2", {}), ("cnn", "webgl1", {}), ("lstm", "webgl2", BLEND)]
 
 

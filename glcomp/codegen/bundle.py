@@ -247,6 +247,7 @@ def _emit_entry(
     graph, layouts = plan.graph, plan.layouts
     hypers = plan.hypers()
     renderer = KernelRenderer(graph, dict(layouts), plan.target, rgba8=plan.storage == "rgba8")
+    renderer.from_tiles = {n: plan.tilings[name] for n, name in plan.from_tiles.items()}
     state_in, state_out = plan.state_in(), plan.state_out()
     temps = {v: [pool.texture(size, index) for size, index in slots] for v, slots in plan.memory.items()}
 
@@ -262,14 +263,16 @@ def _emit_entry(
     for kernel in plan.kernels:
         t = plan.tilings.get(kernel.name)
         if t is None:
-            lowered = cache.lower(renderer, plan, kernel, hypers)
+            if any(leaf in plan.from_tiles for leaf in kernel.leaves):  # samplers of tiles: no cache
+                lowered = Lowered.of(renderer.render(kernel, hypers))
+            else:
+                lowered = cache.lower(renderer, plan, kernel, hypers)
             parts = [(lowered, plan.written(kernel), layouts[kernel.roots[0]])]
         else:  # a register-blocked draw into tiles, then a gather draw (families matmul, conv)
             block, gather = t.render(kernel, dict(layouts), plan.target)
-            parts = [
-                (Lowered.of(block), t.tiles, t.tile_layout(size)),
-                (Lowered.of(gather), plan.written(kernel), layouts[t.node]),
-            ]
+            parts = [(Lowered.of(block), t.tiles, t.tile_layout(size))]
+            if t.node not in plan.from_tiles:  # else its one reader gathers as it reads
+                parts.append((Lowered.of(gather), plan.written(kernel), layouts[t.node]))
         draws += _draws(kernel, parts, ref, plan.blended, programs, shaders, by_source)
     return {
         "inputs": {name: [ref(n, p) for p in range(layouts[n].pages)] for name, n in plan.data_in().items()},

@@ -71,6 +71,9 @@ class KernelPlan:
     blended: frozenset[str] = frozenset()
     memory: Mapping[int, tuple[Slot, ...]] = field(default_factory=_empty)
     tilings: Mapping[str, Tiling | ConvTiling | WeightGradTiling] = field(default_factory=_empty)
+    # tiled product -> the name of its tiled kernel, for products read from their tiles by their
+    # one reader (which gathers as it reads: the product gets no gather draw and no texture)
+    from_tiles: Mapping[int, str] = field(default_factory=_empty)
 
     @property
     def after(self) -> str:
@@ -128,7 +131,11 @@ class KernelPlan:
         tiles of tiled kernels, negative ids)."""
         fixed = set(self.state_in()) | set(self.state_out()) | set(self.hypers())
         lays = self.layouts
-        temps = {n: [(lays[n].width, lays[n].height)] * lays[n].pages for n in self.stored if n not in fixed}
+        temps = {
+            n: [(lays[n].width, lays[n].height)] * lays[n].pages
+            for n in self.stored
+            if n not in fixed and n not in self.from_tiles
+        }
         for t in self.tilings.values():
             lay = t.tile_layout(self.target.max_texture_size)
             temps |= {tile: [(lay.width, lay.height)] for tile in t.tiles}
@@ -136,14 +143,27 @@ class KernelPlan:
 
     def steps(self) -> list[tuple[list[int], list[int]]]:
         """(values written, values read) of each draw in order: a tiled kernel draws its tiles
-        from its leaves, then its result from the tiles."""
+        from its leaves, then its result from the tiles (unless its one reader reads the tiles:
+        `from_tiles`)."""
         out: list[tuple[list[int], list[int]]] = []
         for k in self.kernels:
             t = self.tilings.get(k.name)
+            reads = self.reads(k)
             if t is None:
-                out.append((self.written(k), list(k.leaves)))
+                out.append((self.written(k), reads))
+            elif k.roots[0] in self.from_tiles:
+                out.append((t.tiles, reads))
             else:
-                out += [(t.tiles, list(k.leaves)), (self.written(k), t.tiles)]
+                out += [(t.tiles, reads), (self.written(k), t.tiles)]
+        return out
+
+    def reads(self, kernel: Kernel) -> list[int]:
+        """The textures `kernel` samples: its leaves, each product it reads from its tiles
+        (`from_tiles`) as those tiles."""
+        out: list[int] = []
+        for n in kernel.leaves:
+            name = self.from_tiles.get(n)
+            out += self.tilings[name].tiles if name is not None else [n]
         return out
 
     def loop_iterations(self, kernel: Kernel) -> int:
@@ -191,6 +211,8 @@ class KernelPlan:
         if kernel.name in self.tilings:
             t = self.tilings[kernel.name]
             parts.append(f"tiled {t.R}x{t.C}" + (f"/{t.S}" if t.S > 1 else ""))
+            if kernel.roots[0] in self.from_tiles:
+                parts.append("reader gathers")
         return " ".join(parts)
 
     def __str__(self) -> str:

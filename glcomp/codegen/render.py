@@ -59,6 +59,8 @@ class KernelRenderer:
         self.want4t: set[int] = set()  # stored leaves read a column texel at a time (`Fetch4t`)
         self.ctx = RenderContext(graph, layouts, frozenset(), 1, self.webgl1)  # per kernel (`render`)
         self._operands: dict[int, list[int]] = {}  # graph.operands, read once per node
+        # products read from their tiles (KernelPlan.from_tiles) -> their tiling
+        self.from_tiles: dict[int, Any] = {}
 
     def operands(self, n: int) -> list[int]:
         """``graph.operands(n)`` (the graph does not change while its kernels are rendered)."""
@@ -437,6 +439,20 @@ class KernelRenderer:
                 )
             unroll *= 2
 
+    def _tiled_read(self, t: Any) -> dict[str, Any]:
+        """How a reader finds texel (row, j) of tiled product `t` (a matmul `Tiling`, K not split)
+        in its tiles, as the gather draw does: tile (row % R) * C + j % C, texel
+        (row / R) * fw + j / C of it; components past N read as zero."""
+        tile = t.tile_layout(self.target.max_texture_size)
+        return {
+            "R": t.R,
+            "C": t.C,
+            "N": t.N,
+            "fw": tile.row_texels,
+            "width": tile.width,
+            "shift": self.ctx.shift(tile.width),
+        }
+
     def render(self, kernel: Kernel, hypers: dict[int, str]) -> Rendered:
         g, t = self.graph, self.target
         self.unroll = self.kernel_unroll(kernel)
@@ -452,6 +468,12 @@ class KernelRenderer:
                 uniforms.append((name, hypers[leaf]))
                 uniform_of[leaf] = name
                 continue
+            tiling = self.from_tiles.get(leaf)
+            if tiling is not None:  # read from its tiles, gathering as it reads
+                names = [f"s{leaf}_{i}" for i in range(len(tiling.tiles))]
+                samplers += [(s, tile, 0) for s, tile in zip(names, tiling.tiles, strict=True)]
+                fetches.append({"node": leaf, "samplers": names, "tiled": self._tiled_read(tiling)})
+                continue
             lay = self.layouts[leaf]
             names = [f"s{leaf}_{p}" for p in range(lay.pages)]
             samplers += [(s, leaf, p) for p, s in enumerate(names)]
@@ -465,6 +487,7 @@ class KernelRenderer:
                     "height": lay.height,
                     "shift": self.ctx.shift(lay.width),
                     "samplers": names,
+                    "tiled": None,
                 }
             )
         # Fused nodes and elementwise roots (which MRT groups may also read inline), each defined

@@ -41,7 +41,7 @@ def test_tiling_golden(forced, plan_of, around, golden) -> None:
         after,
         """
         plan predict after tiling: 9 nodes, 5 stored, 2 kernels
-        k0_relu_mm matmul 4x2 writes %4(loop) reads %0:x %1:l.weight fuses 1 loops 32 tiled 2x1
+        k0_relu_mm matmul 4x2 writes %4(loop) reads %0:x %1:l.weight fuses 1 loops 32 tiled 2x1 reader gathers
         k0_relu map 4x2 writes %8(output) reads %2:l.bias %4 fuses 3 loops 0
         """,
     )

@@ -11,7 +11,10 @@ instead (1 x 1 blocks, S chunks of whole texels, added by the gather): it would 
 serially in a handful of fragments. A product fused into an epilogue (a Linear's bias and
 activation) is first split off into a kernel of its own where tiling it pays for the two extra
 draws (`split_epilogues`).
-The draws themselves are glcomp.codegen.families.matmul's.
+The draws themselves are glcomp.codegen.families.matmul's. A tiled product whose one reader is an
+untiled kernel reading it through fused nodes only (the epilogue split off it, typically) is read
+by that kernel straight from the tiles, gathering as it reads (`read_from_tiles`): the product
+gets no gather draw and no texture of its own.
 
 Guarantees: the same values are computed in the same order (a split product is stored, LOOP,
 and written before its epilogue reads it); blended kernels are never tiled. Off with
@@ -58,7 +61,45 @@ def tiling(plan: KernelPlan) -> KernelPlan:
     if not tilings:
         return plan
     stored = {**plan.stored, **dict.fromkeys(sorted(products - set(plan.stored)), LOOP)}
-    return plan.replace(kernels=kernels, stored=stored, tilings=tilings)
+    tiled = plan.replace(kernels=kernels, stored=stored, tilings=tilings)
+    return tiled.replace(from_tiles=read_from_tiles(tiled))
+
+
+def read_from_tiles(plan: KernelPlan) -> dict[int, str]:
+    """Tiled products whose one reader reads them from their tiles, gathering as it reads (the
+    product then has no gather draw and no texture of its own): product -> its kernel's name.
+
+    A product qualifies when it is a matmul tiled without splitting K, is no output of the entry,
+    and is read by exactly one kernel, which is neither tiled nor blended, reads it only through
+    fused (map, movement, index) nodes -- whose element and texel fetches are the ones that gather
+    -- and still fits the target's texture units with the tiles in place of the product's
+    texture. The values read are the gather's, so the results are the same bit for bit."""
+    outputs = set(plan.graph.outputs.values())
+    readers: dict[int, list[Kernel]] = {}
+    for k in plan.kernels:
+        for leaf in set(k.leaves):
+            readers.setdefault(leaf, []).append(k)
+    hypers = plan.hypers()
+    out: dict[int, str] = {}
+    for name, t in plan.tilings.items():
+        if not isinstance(t, Tiling) or t.S != 1 or t.node in outputs:
+            continue
+        users = readers.get(t.node, [])
+        if len(users) != 1:
+            continue
+        (reader,) = users
+        if reader.name in plan.tilings or reader.name in plan.blended:
+            continue
+        inside = [*reader.body, *reader.roots]
+        if not all(is_fused(plan.graph, n) for n in inside if t.node in plan.graph.operands(n)):
+            continue
+        own = [n for n in reader.leaves if n not in hypers and n != t.node and n not in out]
+        pages = sum(plan.layouts[n].pages for n in own)
+        pages += sum(len(plan.tilings[out[n]].tiles) for n in reader.leaves if n in out)
+        if pages + len(t.tiles) > plan.target.max_texture_units:
+            continue
+        out[t.node] = name
+    return out
 
 
 def fetches_per_texel(r: int, c: int) -> float:
