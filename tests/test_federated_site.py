@@ -327,73 +327,62 @@ def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
     federated site --browser`` (SuperNode + bridge + page): round 1's aggregate of the one site
     is the page's update, equal to a Python GL site's update from the same global weights on the
     same data within ATOL (measured: 4.5e-8, see the module docstring). With 2 rounds (``--slow``:
-    a deployment round costs about 20 s here) the page sends NaN in round 2: the bridge refuses
-    it, the server records the site's failure and the global model stays round 1's, bit for bit
-    (nothing of the bad update is aggregated)."""
+    a deployment round costs about 20 s here) the server stops after round 1 and is started again
+    on the same directory and port with ``--rounds 2``: it resumes after round 1, the site (still
+    running) joins again, and its page sends NaN in round 2: the bridge refuses it, the server
+    records the site's failure and the global model stays round 1's, bit for bit (nothing of the
+    bad update is aggregated)."""
     import glcomp
     from glcomp.federated import history
 
     spec, prog = _program(example)
     out, site_dir = tmp_path / "fed", tmp_path / "site"
     cli = [sys.executable, "-m", "glcomp.cli", "federated"]
-    server = _Proc(
-        [
-            *cli,
-            "server",
-            str(example),
-            "--rounds",
-            str(num_rounds),
-            "--min-clients",
-            "1",
+    with socket.socket() as s:  # one port for both server runs (the site reconnects to it)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def start_server(rounds: int, run: int) -> _Proc:
+        argv = [*cli, "server", str(example), "--rounds", str(rounds), "--min-clients", "1"]
+        argv += ["--port", str(port), "--out", str(out), "--round-timeout", "90", "--timeout", "150"]
+        return _Proc(argv, tmp_path / f"server-{run}.out")
+
+    server = start_server(1, 1)
+    site = None
+    try:
+        server.expect(rf"SuperLink listening on 127\.0\.0\.1:{port}", 60)
+        argv = [*cli, "site", str(example), "--superlink", f"127.0.0.1:{port}", "--name", "browser-a"]
+        argv += [
+            "--browser",
             "--port",
             "0",
-            "--out",
-            str(out),
+            "--dir",
+            str(site_dir),
             "--round-timeout",
             "90",
             "--timeout",
-            "150",
-        ],
-        tmp_path / "server.out",
-    )
-    site = None
-    try:
-        port = int(server.expect(r"SuperLink listening on 127\.0\.0\.1:(\d+)", 60)[1])
-        site = _Proc(
-            [
-                *cli,
-                "site",
-                str(example),
-                "--superlink",
-                f"127.0.0.1:{port}",
-                "--name",
-                "browser-a",
-                "--browser",
-                "--port",
-                "0",
-                "--dir",
-                str(site_dir),
-                "--round-timeout",
-                "90",
-                "--timeout",
-                "150",
-            ],
-            tmp_path / "site.out",
-        )
+            "300",
+        ]
+        site = _Proc(argv, tmp_path / "site.out")
         url = site.expect(r"the page: (http://127\.0\.0\.1:\d+/)", 60)[1]
         data = {"x": spec.x_train, "y": spec.y_train}
         page = _open_page(browser, url, data)
         page.evaluate(NAN_IN_ROUND_2)
-        server.expect(rf"^round 1/{num_rounds}: 1 clients answered", 120)
-        if num_rounds == 2:
-            server.expect(r"^round 2/2: 0 clients answered, 0 rejected, 1 failed", 90)
-        server.expect(rf"^federated: {num_rounds} rounds, 1 clients", 30)
+        server.expect(r"^round 1/1: 1 clients answered", 120)
+        server.expect(r"^federated: 1 rounds, 1 clients", 30)
         assert server.proc.wait(30) == 0
+        if num_rounds == 2:
+            server = start_server(2, 2)
+            server.expect(rf"^resuming after round 1 of 2 \({re.escape(str(out))}", 60)
+            server.expect(r"^round 2/2: 0 clients answered, 0 rejected, 1 failed", 150)
+            server.expect(r"^federated: 2 rounds, 1 clients", 30)
+            assert server.proc.wait(30) == 0
         page.wait_for_function(
             "(n) => window.glcompSite.state.rounds[n - 1]?.answer != null", arg=num_rounds, timeout=30000
         )
         state = page.evaluate("() => window.glcompSite.state")
         assert page.errors == []
+        assert site.proc.poll() is None  # the site outlives the server's runs
     finally:
         server.stop()
         if site is not None:

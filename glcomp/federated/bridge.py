@@ -380,7 +380,7 @@ class Bridge:
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
-    allow_reuse_address = False
+    allow_reuse_address = True  # SO_REUSEADDR: a port in TIME_WAIT binds, one listened on does not
     bridge: Bridge
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -151,6 +151,9 @@ def check_port_free(port: int, what: str = "--port") -> int:
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise GlcompError(f"{what}: expected a port from 0 to 65535 (0: any free port), got {port!r}")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as the servers bind (SO_REUSEADDR): connections of a stopped server in TIME_WAIT are no
+        # reason to refuse its port, a process listening on it is
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError as err:
@@ -357,6 +360,9 @@ def run_deployment(
     }
     app_dir = write_app(out_dir / "app", config)
     seen = {r["round"] for r in history(out_dir)}
+    if progress is not None and max(seen, default=0) > 0:
+        last = max(seen)
+        progress(f"resuming after round {last} of {rounds} ({out_dir / f'round-{last:04d}'})")
     nodes = clients if supernodes is None else supernodes
     with Federation(out_dir, nodes, port=port) as fed:
         if progress is not None and supernodes == 0:

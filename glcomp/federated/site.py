@@ -27,6 +27,8 @@ from glcomp.federated.client import GlcompClient
 from glcomp.federated.core import Site, federated_shapes
 
 ROUND_TIMEOUT = 600.0
+# A site starts a new SuperNode when its SuperNode exits, at most MAX_RESTARTS times a window.
+MAX_RESTARTS, RESTART_WINDOW = 5, 60.0
 
 
 class _OneSite:
@@ -280,15 +282,30 @@ def run_site(
         if on_ready is not None:
             on_ready({"bridge": bridge, "dir": folder, "supernode": proc})
         deadline = None if timeout is None else time.monotonic() + timeout
-        while stop["signal"] is None and proc.poll() is None:
+        restarts: list[float] = []
+        while stop["signal"] is None:
             if deadline is not None and time.monotonic() > deadline:
                 break
+            if proc.poll() is not None:
+                # A SuperNode leaves when its SuperLink stops (a server restarted to resume, say):
+                # the site starts a new one, which waits for the SuperLink to come back.
+                now = time.monotonic()
+                restarts = [t for t in restarts if now - t < RESTART_WINDOW] + [now]
+                if len(restarts) > MAX_RESTARTS:
+                    raise GlcompError(
+                        f"site {name}: flower-supernode exited {len(restarts)} times within "
+                        f"{RESTART_WINDOW:.0f} s, last with status {proc.returncode} "
+                        f"(see {folder / 'logs' / 'supernode.log'})"
+                    )
+                if progress is not None:
+                    progress(
+                        f"site {name}: the SuperNode exited (status {proc.returncode}); starting a new one"
+                    )
+                time.sleep(1.0)
+                proc = subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
             time.sleep(0.2)
-        if proc.poll() is not None and stop["signal"] is None:
-            raise GlcompError(
-                f"site {name}: flower-supernode exited with status {proc.returncode} "
-                f"(see {folder / 'logs' / 'supernode.log'})"
-            )
     except KeyboardInterrupt:
         pass
     finally:
