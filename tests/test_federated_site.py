@@ -115,6 +115,7 @@ def test_server_and_site_commands_refuse_bad_arguments(example: Path, tmp_path: 
 
     assert "port" in err(["server", ex, "--port", "70000"])
     assert "positive integer" in err(["server", ex, "--min-clients", "0"])
+    assert "--min-clients 3 or more" in err(["server", ex, "--secure", "--min-clients", "2"])
     assert "no_such.py" in err(["server", "no_such.py"])
     assert "--superlink" in err(["site", ex])
     assert "HOST:PORT" in err(["site", ex, "--superlink", "nowhere"])
@@ -415,3 +416,56 @@ def test_a_browser_page_is_a_client_and_its_update_equals_the_python_gl_client(
     assert entry["metrics"]["num-examples"] == 64
     np.testing.assert_allclose(entry["metrics"]["update-norm"], want.update_norm, rtol=1e-4)
     print(f"browser vs Python GL: update max abs difference {diff:.2e}, losses {loss_diff:.2e}")
+
+
+PYTHON_SITES = ("python-a", "python-b")
+
+
+@pytest.mark.slow_only
+def test_a_secure_round_masks_the_page_update_in_python(browser: Any, example: Path, tmp_path: Path) -> None:
+    """``server --secure`` (Flower's SecAgg+, 3 sites at least) with a browser site and two Python
+    GL sites (``site --data``): the page's update is masked by ``secaggplus_mod`` in its site's
+    ClientApp, the server unmasks only the sum, and the secure aggregate equals FedAvg of the three
+    sites' updates recomputed here, within SecAgg+'s quantization bound (3 sites x 2 x clipping
+    range 8 / 2^22 levels / the sum of the scale factors n / max_weight 1000)."""
+    import glcomp
+    from glcomp.federated import history
+
+    spec, prog = _program(example)
+    out = tmp_path / "fed"
+    data = {"x": spec.x_train, "y": spec.y_train}
+    np.savez(tmp_path / "data.npz", **data)
+    cli = [sys.executable, "-m", "glcomp.cli", "federated"]
+    argv = [*cli, "server", str(example), "--rounds", "1", "--min-clients", "3", "--secure", "--port", "0"]
+    argv += ["--out", str(out), "--round-timeout", "240", "--timeout", "400"]
+    server = _Proc(argv, tmp_path / "server.out")
+    sites: list[_Proc] = []
+    try:
+        port = int(server.expect(r"SuperLink listening on 127\.0\.0\.1:(\d+)", 60)[1])
+        common = [*cli, "site", str(example), "--superlink", f"127.0.0.1:{port}", "--round-timeout", "240"]
+        for name in PYTHON_SITES:
+            own = ["--name", name, "--data", str(tmp_path / "data.npz"), "--dir", str(tmp_path / name)]
+            sites.append(_Proc([*common, *own], tmp_path / f"{name}.out"))
+        own = ["--name", "browser-a", "--browser", "--port", "0", "--dir", str(tmp_path / "browser-a")]
+        sites.append(_Proc([*common, *own], tmp_path / "browser-a.out"))
+        url = sites[-1].expect(r"the page: (http://127\.0\.0\.1:\d+/)", 60)[1]
+        page = _open_page(browser, url, data)
+        server.expect(r"^round 1/1: 3 clients answered", 300)
+        assert server.proc.wait(60) == 0
+        page.wait_for_function("() => window.glcompSite.state.rounds[0]?.answer != null", timeout=30000)
+        assert page.evaluate("() => window.glcompSite.state.rounds[0].answer") == "accepted"
+        assert page.errors == []
+    finally:
+        server.stop()
+        for site in sites:
+            site.stop()
+    (info,) = [r for r in history(out) if r["round"] == 1]
+    assert info["secure"] is True and info["sites"] == [] and info["answered"] == 3
+    start_prog = glcomp.load(out / "round-0000" / "model")
+    start = {k: np.asarray(v, np.float32) for k, v in (start_prog.params | start_prog.buffers).items()}
+    got = glcomp.load(out / "round-0001" / "model")
+    updates = [_python_update(prog, data, start, name, 1).weights for name in [*PYTHON_SITES, "browser-a"]]
+    bound = 3 * 2 * 8.0 / 2**22 / (3 * 64 / 1000)
+    diff = max(float(np.max(np.abs(got.params[k] - sum(u[k] for u in updates) / 3))) for k in updates[0])
+    print(f"secure aggregate vs FedAvg of the recomputed updates: {diff:.2e} (bound {bound:.2e})")
+    assert diff <= bound, (diff, bound)

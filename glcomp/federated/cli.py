@@ -350,6 +350,11 @@ def cmd_server(args: argparse.Namespace) -> int:
     stem = Path(args.example).stem
     out_dir = Path(args.out) if args.out is not None else Path("runs") / f"federated-{stem}"
     load_example(args.example)  # a missing or broken example is the first thing to say
+    if args.secure and args.min_clients < 3:
+        raise GlcompError(
+            f"--secure needs --min-clients 3 or more (Flower's SecAgg+ shares each site's masks among "
+            f"at least 3), got {args.min_clients}"
+        )
     run_deployment(
         args.example,
         out_dir,
