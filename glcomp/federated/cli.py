@@ -8,6 +8,11 @@ thread, every site's ClientApp in Ray workers, the same apps and messages as und
 ``flower-superlink``/``flower-supernode``); the server evaluates the global model on the
 example's test set after every round and prints one line per round, and last ``federated: R
 rounds, N clients, test accuracy X%``.
+
+``glcomp federated server EXAMPLE.py`` and ``glcomp federated site EXAMPLE.py --superlink
+HOST:PORT [--browser]`` run a federation's server (a SuperLink and the ServerApp) and each site
+(a SuperNode; with ``--browser`` a page that trains with glcomp.js) as separate commands
+(glcomp.federated.deploy, glcomp.federated.site, glcomp.federated.bridge).
 """
 
 from __future__ import annotations
