@@ -502,15 +502,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             raise GlcompError("/bridge/train: expected a JSON object")
         weights = decode_tensors(body.get("weights"), bridge.expected, "the server")
-        result, renderer = bridge.train(
-            weights,
-            server_round=int(body.get("round", 0)),
-            epochs=int(body.get("epochs", 1)),
-            steps=None if body.get("steps") is None else int(body["steps"]),
-            seed=int(body.get("seed", 0)),
-            lr=None if body.get("lr") is None else float(body["lr"]),
-            proximal_mu=float(body.get("proximal_mu", 0.0)),
-        )
+        try:
+            options = {
+                "server_round": int(body.get("round", 0)),
+                "epochs": int(body.get("epochs", 1)),
+                "steps": None if body.get("steps") is None else int(body["steps"]),
+                "seed": int(body.get("seed", 0)),
+                "lr": None if body.get("lr") is None else float(body["lr"]),
+                "proximal_mu": float(body.get("proximal_mu", 0.0)),
+            }
+        except (TypeError, ValueError) as err:
+            raise GlcompError(f"/bridge/train: a bad round config ({err})") from None
+        if options["epochs"] < 1 or (options["steps"] is not None and options["steps"] < 1):
+            raise GlcompError("/bridge/train: local epochs and steps must be positive")
+        result, renderer = bridge.train(weights, **options)
         self._json(
             200,
             {
