@@ -263,10 +263,7 @@ def _emit_entry(
     for kernel in plan.kernels:
         t = plan.tilings.get(kernel.name)
         if t is None:
-            if any(leaf in plan.from_tiles for leaf in kernel.leaves):  # samplers of tiles: no cache
-                lowered = Lowered.of(renderer.render(kernel, hypers))
-            else:
-                lowered = cache.lower(renderer, plan, kernel, hypers)
+            lowered = cache.lower(renderer, plan, kernel, hypers)
             parts = [(lowered, plan.written(kernel), layouts[kernel.roots[0]])]
         else:  # a register-blocked draw into tiles, then a gather draw (families matmul, conv)
             block, gather = t.render(kernel, dict(layouts), plan.target)

@@ -97,7 +97,11 @@ def _node_facts(plan: KernelPlan, n: int, hypers: Mapping[int, str]) -> tuple[An
     attrs = tuple(sorted(data["attrs"].items()))
     if get_op(data["op"]).feed:  # read as a texture or uniform: its name is the runtime's
         attrs = tuple(kv for kv in attrs if kv[0] != "name")
-    return (data["op"], data["shape"], data["dtype"], attrs, plan.layouts.get(n), hypers.get(n))
+    tiled = None
+    if n in plan.from_tiles:  # read from its tiles: their geometry is in the reader's fetches
+        t = plan.tilings[plan.from_tiles[n]]
+        tiled = (t.R, t.C, t.N, len(t.tiles), t.tile_layout(plan.target.max_texture_size))
+    return (data["op"], data["shape"], data["dtype"], attrs, plan.layouts.get(n), hypers.get(n), tiled)
 
 
 def shape_key(
@@ -143,6 +147,14 @@ class RenderCache:
         self._hypers: Mapping[int, str] = {}
         self._facts: dict[int, tuple[Any, ...]] = {}  # _node_facts of the plan's nodes
 
+    @staticmethod
+    def _sampler(plan: KernelPlan, name: str, node: int, page: int) -> tuple[str, int, int]:
+        """A cached sampler at `node`'s place: page `page` of it, or (page -1 - i) tile i of
+        the product `node` read from its tiles."""
+        if page >= 0:
+            return (name, node, page)
+        return (name, plan.tilings[plan.from_tiles[node]].tiles[-1 - page], 0)
+
     def lower(
         self, renderer: KernelRenderer, plan: KernelPlan, kernel: Kernel, hypers: dict[int, str]
     ) -> Lowered:
@@ -158,7 +170,7 @@ class RenderCache:
             if all(places[i] == n for i, n in pinned):
                 return Lowered(
                     head + origins + tail,
-                    [(s, places[i], p) for s, i, p in samplers],
+                    [self._sampler(plan, s, places[i], p) for s, i, p in samplers],
                     list(uniforms),
                     dict(offsets),
                     digest,
@@ -175,7 +187,12 @@ class RenderCache:
         named = _numbers_in_names(head + tail)
         pinned = tuple((i, n) for i, n in enumerate(places) if n in named)
         place = {n: i for i, n in enumerate(places)}
-        samplers = [(s, place[n], p) for s, n, p in lowered.samplers]
+        tile_at: dict[int, tuple[int, int]] = {}  # a tile read in place of a product is cached
+        for leaf in kernel.leaves:  # as page -1 - i at the product's place
+            if leaf in plan.from_tiles:
+                for i, tile in enumerate(plan.tilings[plan.from_tiles[leaf]].tiles):
+                    tile_at[tile] = (place[leaf], -1 - i)
+        samplers = [(s, place[n], p) if n in place else (s, *tile_at[n]) for s, n, p in lowered.samplers]
         # the origin lines are the only ones sharing_key drops: it keeps head + tail
         digest = key_digest(head + tail)
         entries.append(
