@@ -37,10 +37,10 @@ requestAnimationFrame(frame);
 """
 
 START_JS = """
-async ({ base, batches }) => {
+async ({ base, batches, worker }) => {
   const g = await import('/glcomp.js');
   const feeds = batches.map((b) => ({ x: Float32Array.from(b.x), y: Int32Array.from(b.y) }));
-  const rt = await g.load(base, { worker: true, quiet: true });
+  const rt = await g.load(base, { worker, quiet: true });
   window.__steps = 0;
   window.__stop = false;
   window.__order = true;
@@ -50,7 +50,7 @@ async ({ base, batches }) => {
     window.__steps++;
     if (document.visibilityState === "hidden") window.__hiddenSteps++;
     return !window.__stop;
-  } }).then(async (losses) => { const live = await rt.dispose(); return { steps: losses.length, live }; });
+  } }).then(async (losses) => { const live = (await rt.dispose()) ?? rt.liveObjects(); return { steps: losses.length, live }; });
   return rt.thread;
 }
 """
@@ -79,7 +79,15 @@ def _counters(pg: Any) -> dict[str, Any]:
     )
 
 
-def test_hidden_tab_keeps_the_worker_training(hidden_tab_browser: Any, site: Site) -> None:  # noqa: F811
+# The worker keeps its pace hidden (benchmarks/RESULTS.md: 101-126%); training on the main thread
+# yields with zero-delay tasks and, hidden, waits for each loss with them too (timers wake about
+# once a second there): it measured 1% of its visible pace before it did, 48% after at load 8
+# (Chromium also runs a hidden page's main thread at a lower priority).
+MIN_SHARE = {"worker": 0.5, "main": 0.1}
+
+
+@pytest.mark.parametrize("thread", ["worker", "main"])
+def test_hidden_tab_keeps_training(hidden_tab_browser: Any, site: Site, thread: str) -> None:  # noqa: F811
     worker_bench._program().save(Path(site.root) / "hidden_mlp")
     pg = hidden_tab_browser.new_page()
     errors: list[str] = []
@@ -89,8 +97,8 @@ def test_hidden_tab_keeps_the_worker_training(hidden_tab_browser: Any, site: Sit
     pg.goto(site.url + "glcomp.js")
     pg.bring_to_front()
     assert pg.evaluate("document.visibilityState") == "visible"
-    thread = pg.evaluate(START_JS, {"base": "/bundle/hidden_mlp/", "batches": worker_bench._batches()})
-    assert thread == "worker"
+    args = {"base": "/bundle/hidden_mlp/", "batches": worker_bench._batches(), "worker": thread == "worker"}
+    assert pg.evaluate(START_JS, args) == thread
     pg.wait_for_function("window.__steps > 10", timeout=120_000)
     time.sleep(1)
 
@@ -111,7 +119,7 @@ def test_hidden_tab_keeps_the_worker_training(hidden_tab_browser: Any, site: Sit
     visible_rate = (v1["steps"] - v0["steps"]) / visible_s
     hidden_rate = (h1["steps"] - h0["steps"]) / hidden_s
     ratio = hidden_rate / visible_rate if visible_rate else float("nan")
-    print(f"worker steps/s: visible {visible_rate:.1f}, hidden {hidden_rate:.1f} ({ratio:.0%})")
+    print(f"{thread} steps/s: visible {visible_rate:.1f}, hidden {hidden_rate:.1f} ({ratio:.0%})")
     # The tab was hidden for real, with Chromium's background tab policy in effect.
     assert v0["state"] == v1["state"] == "visible"
     assert h0["state"] == h1["state"] == "hidden"
@@ -122,11 +130,11 @@ def test_hidden_tab_keeps_the_worker_training(hidden_tab_browser: Any, site: Sit
     # below its visible rate: background timer throttling is on.
     assert (v1["ticks"] - v0["ticks"]) / visible_s > 20
     assert (h1["ticks"] - h0["ticks"]) / hidden_s < 5
-    # The worker kept training while hidden, at half its visible rate or more.
+    # Training went on while hidden, the worker at half its visible rate or more.
     assert visible_rate > 5
-    assert hidden_rate >= 0.5 * visible_rate
+    assert hidden_rate >= MIN_SHARE[thread] * visible_rate
     assert hidden_steps >= h1["steps"] - h0["steps"] > 0
-    # Every step's loss reached the page, in order, finite; the worker freed its GL objects.
+    # Every step's loss reached the page, in order, finite; the runtime freed its GL objects.
     assert pg.evaluate("window.__order")
     assert done["steps"] >= pg.evaluate("window.__steps")  # the stop reaches the worker a few steps on
     assert done["live"] and not any(done["live"].values())

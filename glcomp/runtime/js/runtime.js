@@ -10,6 +10,9 @@ import {
   GlcompError, fmtList, fmtShape, isInt, isObj, maxOf, nextFrame, nextTask, prod, repr, sameList, sleep,
 } from "./util.js";
 
+/** Whether this runs in a page that is hidden (a background tab); false in a worker. */
+const pageHidden = () => typeof document !== "undefined" && document.hidden === true;
+
 const QUAD = new Float32Array([-1, -1, 3, -1, -1, 3]); // one triangle covers the viewport
 const SOFTWARE_RE = /swiftshader|llvmpipe|softpipe|software|basic render|lavapipe|swrast/i;
 const CAVEATS = {}; // "webgl" / "webgl2" -> the probe's answer, once per page or worker
@@ -605,7 +608,10 @@ export class Runtime {
       const s = gl.clientWaitSync(sync, 0, 0);
       if (s === gl.ALREADY_SIGNALED || s === gl.CONDITION_SATISFIED) return;
       if (s === gl.WAIT_FAILED) throw this._lostOr(new GlcompError("waiting for the GPU failed"));
-      await (polls < 50 ? nextTask() : sleep(1));
+      // A zero-delay task a poll, then 1 ms sleeps so a long wait does not spin; a hidden page's
+      // timers wake about once a second, so there it keeps to tasks (MessageChannel tasks are not
+      // throttled) and training in a background tab keeps its pace.
+      await (polls < 50 || pageHidden() ? nextTask() : sleep(1));
     }
   }
 
