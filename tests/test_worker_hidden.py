@@ -50,7 +50,10 @@ async ({ base, batches, worker }) => {
     window.__steps++;
     if (document.visibilityState === "hidden") window.__hiddenSteps++;
     return !window.__stop;
-  } }).then(async (losses) => { const live = (await rt.dispose()) ?? rt.liveObjects(); return { steps: losses.length, live }; });
+  } }).then(async (losses) => {
+    const live = (await rt.dispose()) ?? rt.liveObjects();
+    return { steps: losses.length, live };
+  });
   return rt.thread;
 }
 """
