@@ -312,6 +312,19 @@ class Adadelta(Optimizer):
         return p - lr * delta, {"square_avg": sq, "acc_delta": acc}
 
 
+class LBFGS:
+    """torch.optim.LBFGS is not available: its ``step(closure)`` re-evaluates the loss several
+    times per step from the host, and a compiled train step is one fixed graph. Constructing it
+    raises a GlcompError naming the optimizers to use instead."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise GlcompError(
+            "LBFGS is not supported: closure-based optimizers (optimizer.step(closure), which "
+            "re-evaluates the loss several times per step) cannot be compiled into one train step; "
+            "use Adam, AdamW, SGD (momentum, nesterov), RMSprop, Adagrad or Adadelta"
+        )
+
+
 __all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Optimizer", "RMSprop", "lr_scheduler"]
 
 import sys  # noqa: E402

@@ -187,3 +187,12 @@ def test_matches_torch(config: str) -> None:
         assert loss == pytest.approx(tloss.item(), rel=1e-10)
         for k, p in tmodel.named_parameters():
             close(rt.params[k], p.detach().numpy(), f"{config}: {k} after step {step + 1}")
+
+
+def test_lbfgs_is_refused_naming_the_alternatives() -> None:
+    """torch scripts construct ``optim.LBFGS(model.parameters(), lr=1)`` and call
+    ``step(closure)``: glcomp refuses at construction, naming the optimizers it has."""
+    with pytest.raises(glcomp.GlcompError, match=r"LBFGS.*closure.*Adam.*SGD"):
+        optim.LBFGS(make_model().parameters(), lr=1.0)
+    with pytest.raises(glcomp.GlcompError, match="closure-based"):
+        optim.LBFGS()
