@@ -79,6 +79,8 @@ def test_tiled_conv_matches_reference(case: tuple[int, ...], force: Any, gl_runt
     force(r)
     prog = _program(c, o, k, stride, pad, size)
     assert _tiled(prog, "train_step"), prog.explain(dump_after="tiling")
+    # the first convolution's bias and ReLU read its product straight from the tiles (no gather)
+    assert any("reader gathers" in line for line in _tiled(prog, "predict")), prog.explain(dump_after="mrt")
     # the second convolution's input gradient (stride 1) runs blocked too
     assert bool(_tiled(prog, "train_step", "conv2d_input_grad")) == (stride == 1)
     assert len(_tiled(prog, "train_step", "conv2d_weight_grad")) == 2  # both weight gradients

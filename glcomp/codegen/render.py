@@ -439,20 +439,6 @@ class KernelRenderer:
                 )
             unroll *= 2
 
-    def _tiled_read(self, t: Any) -> dict[str, Any]:
-        """How a reader finds texel (row, j) of tiled product `t` (a matmul `Tiling`, K not split)
-        in its tiles, as the gather draw does: tile (row % R) * C + j % C, texel
-        (row / R) * fw + j / C of it; components past N read as zero."""
-        tile = t.tile_layout(self.target.max_texture_size)
-        return {
-            "R": t.R,
-            "C": t.C,
-            "N": t.N,
-            "fw": tile.row_texels,
-            "width": tile.width,
-            "shift": self.ctx.shift(tile.width),
-        }
-
     def render(self, kernel: Kernel, hypers: dict[int, str]) -> Rendered:
         g, t = self.graph, self.target
         self.unroll = self.kernel_unroll(kernel)
@@ -472,7 +458,8 @@ class KernelRenderer:
             if tiling is not None:  # read from its tiles, gathering as it reads
                 names = [f"s{leaf}_{i}" for i in range(len(tiling.tiles))]
                 samplers += [(s, tile, 0) for s, tile in zip(names, tiling.tiles, strict=True)]
-                fetches.append({"node": leaf, "samplers": names, "tiled": self._tiled_read(tiling)})
+                tiled = tiling.read_params(self.target.max_texture_size)
+                fetches.append({"node": leaf, "samplers": names, "tiled": tiled})
                 continue
             lay = self.layouts[leaf]
             names = [f"s{leaf}_{p}" for p in range(lay.pages)]

@@ -100,7 +100,7 @@ def _node_facts(plan: KernelPlan, n: int, hypers: Mapping[int, str]) -> tuple[An
     tiled = None
     if n in plan.from_tiles:  # read from its tiles: their geometry is in the reader's fetches
         t = plan.tilings[plan.from_tiles[n]]
-        tiled = (t.R, t.C, t.N, len(t.tiles), t.tile_layout(plan.target.max_texture_size))
+        tiled = tuple(sorted(t.read_params(plan.target.max_texture_size).items()))
     return (data["op"], data["shape"], data["dtype"], attrs, plan.layouts.get(n), hypers.get(n), tiled)
 
 

@@ -191,6 +191,14 @@ class ConvTiling:
         """Ids the memory plan uses for the tile temporaries (negative: never IR node ids)."""
         return [-(self.node * 64 + i + 1) for i in range(self.R)]
 
+    def read_params(self, max_size: int) -> dict[str, Any]:
+        """How a reader finds texel (row, j) of the product, row = (n * O + o) * OH + h, in the
+        tiles, as the gather draw does (_kernel.j2's tiled fetch): tile o % R, texel
+        ((n * OG + o / R) * OH + h) * RT + j of it; components past OW (`row_len`) read as zero."""
+        o, oh, ow = self.shape[4:7]
+        params = {"kind": "conv", "R": self.R, "O": o, "OG": self.groups, "OH": oh, "row_len": ow}
+        return params | {"RT": self.row_texels} | texel_params(self.tile_layout(max_size))
+
     def render(self, kernel: Kernel, layouts: dict[int, Layout], target: Target) -> tuple[Rendered, Rendered]:
         """The block draw's and the gather draw's shaders."""
         _, c, h, _, o, oh, ow, kh, kw = self.shape

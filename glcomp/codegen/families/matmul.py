@@ -225,6 +225,22 @@ class Tiling:
         """The block draw's and the gather draw's shaders (`render_tiled`)."""
         return render_tiled(self, kernel, layouts, target)
 
+    def read_params(self, max_size: int) -> dict[str, Any] | None:
+        """How a reader finds texel (row, j) of the product in the tiles, as the gather draw does
+        (_kernel.j2's tiled fetch): tile (row % R) * C + j % C, texel (row / R) * fw + j / C of it;
+        components past N (`row_len`) read as zero. None when K is split (the gather sums the
+        chunks)."""
+        if self.S != 1:
+            return None
+        tile = self.tile_layout(max_size)
+        return {
+            "kind": "matmul",
+            "R": self.R,
+            "C": self.C,
+            "row_len": self.N,
+            "fw": tile.row_texels,
+        } | texel_params(tile)
+
 
 def render_tiled(
     tiling: Tiling, kernel: Kernel, layouts: dict[int, Layout], target: Target

@@ -69,7 +69,8 @@ def read_from_tiles(plan: KernelPlan) -> dict[int, str]:
     """Tiled products whose one reader reads them from their tiles, gathering as it reads (the
     product then has no gather draw and no texture of its own): product -> its kernel's name.
 
-    A product qualifies when it is a matmul tiled without splitting K, is no output of the entry,
+    A product qualifies when it is a matmul tiled without splitting K or a blocked convolution
+    (forward or stride-1 input gradient; its tiles hold R output channels), is no output of the entry,
     and is read by exactly one kernel, which is neither tiled nor blended, reads it only through
     fused (map, movement, index) nodes -- whose element and texel fetches are the ones that gather
     -- and still fits the target's texture units with the tiles in place of the product's
@@ -82,7 +83,10 @@ def read_from_tiles(plan: KernelPlan) -> dict[int, str]:
     hypers = plan.hypers()
     out: dict[int, str] = {}
     for name, t in plan.tilings.items():
-        if not isinstance(t, Tiling) or t.S != 1 or t.node in outputs:
+        readable = (
+            isinstance(t, Tiling | ConvTiling) and t.read_params(plan.target.max_texture_size) is not None
+        )
+        if not readable or t.node in outputs:
             continue
         users = readers.get(t.node, [])
         if len(users) != 1:
