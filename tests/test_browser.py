@@ -126,12 +126,53 @@ def _lstm_blend(target: str) -> glcomp.Program:
     )
 
 
+def _tiled(target: str) -> glcomp.Program:
+    """A CNN whose convolution and Linear products all run register-blocked (the cost model's
+    fixed cost of a blocked draw set to zero while it is planned), their bias and ReLU reading
+    the products straight from the tiles."""
+    from glcomp.codegen import cost
+    from glcomp.codegen.families import conv
+
+    glcomp.manual_seed(6)
+    model = nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 16),
+        nn.ReLU(),
+        nn.Linear(16, 3),
+    )
+    saved = cost.BLOCKED_DRAW, cost.GATHER_FETCHES, conv.CONV_CHANNELS
+    cost.BLOCKED_DRAW, cost.GATHER_FETCHES, conv.CONV_CHANNELS = 0, 0, (4,)
+    try:
+        prog = glcomp.compile(
+            model,
+            inputs={"x": (4, 1, 8, 8)},
+            loss=nn.CrossEntropyLoss(),
+            optimizer=optim.Adam(lr=1e-2),
+            target=target,
+            max_draw_buffers=8,
+        )
+        shaders = prog.bundle().shaders.values()  # planned (and kept) with the blocked draws
+    finally:
+        cost.BLOCKED_DRAW, cost.GATHER_FETCHES, conv.CONV_CHANNELS = saved
+    assert sum("register-blocked matmul:" in s for s in shaders) and sum(
+        "register-blocked conv2d:" in s for s in shaders
+    )
+    assert sum("texelFetch(s" in s and "int tile = " in s and "register-blocked" not in s for s in shaders)
+    return prog
+
+
 MODELS = {
     "mlp": (_mlp, (8, 20), 5),
     "cnn": (_cnn, (4, 1, 8, 8), 3),
     "lstm_blend": (_lstm_blend, (4, 4, 3), 2),
+    "tiled": (_tiled, (4, 1, 8, 8), 3),
 }
-CASES = [(m, t) for m in ("mlp", "cnn") for t in ("webgl2", "webgl1")] + [("lstm_blend", "webgl2")]
+CASES = [(m, t) for m in ("mlp", "cnn") for t in ("webgl2", "webgl1")] + [
+    ("lstm_blend", "webgl2"),
+    ("tiled", "webgl2"),
+]
 
 
 def _batches(model: str, seed: int = 0, count: int = STEPS + 1) -> list[tuple[np.ndarray, np.ndarray]]:
