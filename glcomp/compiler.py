@@ -36,6 +36,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     clip_grad_norm: float | None = None,
     dump_after: str | None = None,
     transforms: Any = None,
+    carry: dict[str, str] | None = None,
+    carry_predict: bool = False,
     **options: Any,
 ) -> Program:
     """Compile `model` for the given input shapes.
@@ -71,8 +73,19 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
     inputs in the train-mode graphs (gradients, train_step) and is the identity in predict: a
     module or a list of them for the one input, or a dict input name -> module or list
     (see docs/transforms.md).
+
+    `carry` makes inputs recurrent state carried across batches, as torch's word-language-model
+    loop does with ``hidden = repackage_hidden(hidden)``: a dict input name -> the name of the
+    forward result holding that input's next value, named as predict names its outputs
+    (``{"h0": "output.1.0", "c0": "output.1.1"}`` for a forward returning ``(out, (h, c))``).
+    Each carried input becomes a buffer named like the input (zeros at start, not fed by the
+    caller): every entry point reads it, train_step writes the forward's final state into it
+    (detached: no gradient flows into the previous batch), and with ``carry_predict=True`` predict
+    writes it too (generation carrying the state). It is in ``rt.state_dict()`` and saved bundles,
+    set by ``load_state_dict`` and zeroed by ``rt.reset_state()`` (docs/porting.md).
     """
     _check_arguments(model, inputs, loss, optimizer, target, target_name, clip_grad_value, clip_grad_norm)
+    _check_carry(carry, carry_predict, inputs)
     compile_options = _check_options(options, target)  # the one parse of the options
     if dump_after is not None:
         from glcomp.codegen.pipeline import check_pass_name
@@ -84,7 +97,19 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile
 
         options["transforms"] = input_transforms(transforms, inputs)
     with gc_paused():  # see glcomp.ir.gcpause
-        program = _compile(model, inputs, loss, optimizer, target, target_name, target_spec, *clip, options)
+        program = _compile(
+            model,
+            inputs,
+            loss,
+            optimizer,
+            target,
+            target_name,
+            target_spec,
+            *clip,
+            options,
+            carry,
+            carry_predict,
+        )
     program = dataclasses.replace(program, typed_options=compile_options)
     if dump_after is not None:
         program._lowered(dump_after=dump_after)  # lowered now, printing the plans
@@ -102,8 +127,11 @@ def _compile(
     clip_grad_value: float | None,
     clip_grad_norm: float | None,
     options: dict[str, Any],
+    carry: dict[str, str] | None = None,
+    carry_predict: bool = False,
 ) -> Program:
     """`compile` after its arguments are checked: trace and differentiate."""
+    carry = dict(carry or {})
     graphs: dict[str, Graph] = {}
     in_forward = _is_forward(loss)
     traced: Any = model
@@ -115,13 +143,23 @@ def _compile(
     with declared_images(inputs):  # inputs declared with glcomp.transforms.image_input
         predict, _, result = trace_module(model, inputs, training=False)
     set_outputs(predict, _without_none(result), type(model).__name__)
+    _carried(predict, carry, "predict", write=carry_predict)
     graphs["predict"] = _finish(predict)
     data = {
         n: InputSpec(n, predict.shape(predict.inputs[n]), image=_image_of(inputs[n], n, options))
         for n in inputs
+        if n not in carry
     }
     params = {k: p.data.copy() for k, p in model.named_parameters()}
     buffers = {k: np.asarray(b, np.float32).copy() for k, b in model.named_buffers() if not is_counter(b)}
+    if carry:
+        taken = sorted(set(carry) & (set(params) | set(buffers)))
+        if taken:
+            raise GlcompError(f"carry: {taken} also name a parameter or buffer of the model; rename them")
+        buffers |= {n: np.zeros(predict.shape(predict.inputs[n]), np.float32) for n in carry}
+        options["carry"] = carry
+        if carry_predict:
+            options["carry_predict"] = True
     counters = {k: np.array(b).copy() for k, b in model.named_buffers() if is_counter(b)}
     trainable = _trainable(model, optimizer)
     program = Program(graphs, data, None, params, trainable, buffers, counters, {}, 0.0, dict(options))
@@ -166,6 +204,7 @@ def _compile(
     if not isinstance(value, Tensor) or value.shape != ():
         raise GlcompError(f"loss ({_loss_name(loss)}) must return a scalar; use reduction='mean'")
     graph.outputs["loss"] = value.node
+    carried_next = _carried(graph, carry, "train", result=result, owner=owner)
     if RNG_STEP in graph.inputs:
         program.opt_state[RNG_STEP] = np.zeros((), np.float32)
     if not trainable:
@@ -181,6 +220,8 @@ def _compile(
     _clip(train, trainable, clip_grad_value, clip_grad_norm)
     for name, tensor in state.buffer_updates.items():
         train.outputs[f"buffer:{name}"] = tensor.node
+    for name, node in carried_next.items():  # the forward's final state, detached
+        train.outputs[f"buffer:{name}"] = node
     if RNG_STEP in train.inputs:  # random ops draw new numbers in each train step
         train.outputs[f"state:{RNG_STEP}"] = (Tensor(train, train.inputs[RNG_STEP]) + 1.0).node
     with origin(f"optimizer ({type(optimizer).__name__})"):
@@ -207,6 +248,79 @@ def _compile(
     keep = ["loss"] + [k for k in train.outputs if k.split(":")[0] in ("param", "state", "buffer")]
     graphs["train_step"] = _only(train, keep)
     return program
+
+
+def _check_carry(carry: Any, carry_predict: Any, inputs: dict[str, Any]) -> None:
+    """`carry` is None or a dict input name -> forward result name; `carry_predict` a bool."""
+    if not isinstance(carry_predict, bool):
+        raise GlcompError(f"carry_predict must be True or False, got {carry_predict!r}")
+    if carry is None:
+        if carry_predict:
+            raise GlcompError("carry_predict=True needs carry=, the inputs carried across batches")
+        return
+    if not isinstance(carry, dict) or not carry:
+        raise GlcompError(
+            "carry must be a non-empty dict input name -> forward result name, e.g. "
+            f'carry={{"h0": "output.1.0", "c0": "output.1.1"}}; got {_what(carry)} {carry!r:.60}'
+        )
+    for name, result in carry.items():
+        if name not in inputs:
+            raise GlcompError(
+                f"carry: {name!r} is not an input (the inputs are {list(inputs)}); carry names inputs "
+                "whose next value a forward result gives"
+            )
+        if not isinstance(result, str) or not (result == "output" or result.startswith("output.")):
+            raise GlcompError(
+                f"carry[{name!r}] must name a forward result as predict names its outputs "
+                f'("output", "output.1", "output.1.0", ...), got {result!r}'
+            )
+    if len(carry) == len(inputs):
+        raise GlcompError("carry: every input is carried; at least one input must be fed each batch")
+
+
+def _carried(
+    graph: Graph,
+    carry: dict[str, str],
+    mode: str,
+    *,
+    write: bool = True,
+    result: Any = None,
+    owner: str = "",
+) -> dict[str, int]:
+    """Make the carried inputs of `graph` buffers (read from state, never fed) and return, for
+    each, the node of the forward result holding its next value (in `mode`'s trace; `result`
+    given: named from it, else from the graph's outputs); with `write`, predict's graph also
+    writes it (``buffer:<name>`` outputs)."""
+    if not carry:
+        return {}
+    if result is not None:
+        named = type("Named", (), {"outputs": {}})()
+        set_outputs(named, _without_none(result), owner)
+        results = named.outputs
+    else:
+        results = {k: n for k, n in graph.outputs.items() if k == "output" or k.startswith("output.")}
+    nodes = {}
+    for name, key in carry.items():
+        n = graph.inputs[name]
+        if key not in results:
+            raise GlcompError(
+                f"carry[{name!r}]: forward returns no {key!r} in {mode} mode; its results are "
+                f"{sorted(results)}"
+            )
+        node, shape = results[key], graph.shape(n)
+        if graph.shape(node) != shape:
+            raise GlcompError(
+                f"carry[{name!r}]: {key!r} has shape {graph.shape(node)}, the input {name!r} {shape}; "
+                "the carried result must have the input's shape"
+            )
+        if node == n:
+            raise GlcompError(f"carry[{name!r}]: {key!r} is the input {name!r} itself; nothing would change")
+        graph.attrs(n)["role"] = "buffer"
+        nodes[name] = node
+    if write and result is None:
+        for name, node in nodes.items():
+            graph.outputs[f"buffer:{name}"] = node
+    return nodes
 
 
 def _image_of(shape: Any, name: str, options: dict[str, Any]) -> dict[str, Any] | None:

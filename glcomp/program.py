@@ -30,6 +30,9 @@ from glcomp.runtime.protocol import Runtime
 
 # Graph outputs that update a state, by prefix: the role of the state they update.
 _UPDATES = {"param": "param", "buffer": "buffer", "state": "state"}
+# Options kept with the program that the code generator does not read: the inputs carried across
+# batches (glcomp.compile's ``carry=``, ``carry_predict=``), already in the graphs.
+CARRY_OPTIONS = ("carry", "carry_predict")
 # The elements all nodes of one graph of program.json may hold together (the reference
 # interpreter keeps them: 2 GiB of float32).
 MAX_GRAPH_ELEMENTS = 1 << 29
@@ -104,7 +107,8 @@ class Program:
         if self._cache.options_key != key or self._cache.options is None:
             from glcomp.codegen.options import CompileOptions
 
-            self._cache.options, self._cache.options_key = CompileOptions.parse(self.options), key
+            parsed = CompileOptions.parse({k: v for k, v in self.options.items() if k not in CARRY_OPTIONS})
+            self._cache.options, self._cache.options_key = parsed, key
         return self._cache.options
 
     @property
@@ -218,7 +222,9 @@ class Program:
         ``runtime.save_weights`` does the same for a runtime's trained state."""
         from glcomp.runtime.weights import save_weights
 
-        return save_weights(path, {**self.params, **self.buffers, **self.counters})
+        carried = self.options.get("carry") or {}  # carry=: state of the loop, not of the model
+        buffers = {k: v for k, v in self.buffers.items() if k not in carried}
+        return save_weights(path, {**self.params, **buffers, **self.counters})
 
     def explain(self, dump_after: str | None = None) -> str:
         """The lowered program as text: per entry point each draw with its kernel, program,

@@ -161,3 +161,20 @@ def refuse_positional(entry: str, args: tuple[Any, ...], names: list[str]) -> No
     if args:
         example = ", ".join(f"{n}=..." for n in names) or "..."
         raise GlcompError(f"pass inputs by name: {entry}({example}); got {len(args)} positional argument(s)")
+
+
+def carried_names(options: Mapping[str, Any], names: Any = None) -> list[str]:
+    """The inputs carried across batches (glcomp.compile's ``carry=``, kept in the compile
+    `options`): all of them, or `names` (one name or several) checked to be among them."""
+    carried = options.get("carry") or {}
+    known = list(carried) if isinstance(carried, Mapping) else []
+    if names is None:
+        return known
+    chosen = [names] if isinstance(names, str) else list(names)
+    unknown = [n for n in chosen if n not in known]
+    if unknown:
+        raise GlcompError(
+            f"reset_state: {unknown} are not carried state; the carried inputs are {known} "
+            "(glcomp.compile's carry=)"
+        )
+    return chosen

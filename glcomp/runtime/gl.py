@@ -33,6 +33,7 @@ import numpy as np
 from glcomp.errors import GlcompError
 from glcomp.format import texel_bytes, texel_span, texture_format
 from glcomp.runtime.feeds import (
+    carried_names,
     check_feeds,
     check_lr,
     check_optimizer_option,
@@ -649,7 +650,21 @@ class GLRuntime:
         path (see glcomp.runtime.weights)."""
         from glcomp.runtime.weights import save_weights
 
-        return save_weights(path, self.state_dict())
+        carried = carried_names(self._options())
+        return save_weights(path, {k: v for k, v in self.state_dict().items() if k not in carried})
+
+    def _options(self) -> dict[str, Any]:
+        """The compile options kept in the bundle's program.json ({} without one)."""
+        program = getattr(self.bundle, "program", None)
+        return program.get("options", {}) if isinstance(program, dict) else {}
+
+    @_gl_call
+    def reset_state(self, names: Any = None) -> None:
+        """Zero the state carried across batches (glcomp.compile's ``carry=``): every carried
+        input, or those in `names` (one name or several); GlcompError for any other name."""
+        shapes = self._state_shapes(("buffer",))
+        for name in carried_names(self._options(), names):
+            self._upload_state(name, np.zeros(shapes[name], np.float32))
 
     @_gl_call
     def optimizer_state(self) -> dict[str, np.ndarray]:

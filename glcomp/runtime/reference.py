@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 
 from glcomp.errors import GlcompError
-from glcomp.runtime.feeds import check_lr, check_optimizer_option, check_read_loss, refuse_positional
+from glcomp.runtime.feeds import (
+    carried_names,
+    check_lr,
+    check_optimizer_option,
+    check_read_loss,
+    refuse_positional,
+)
 from glcomp.state import check_state
 
 # The IR interpreter: (graph, feeds by input name, dtype) -> outputs by name.
@@ -88,7 +94,7 @@ class ReferenceRuntime:
 
     def predict(self, *args: Any, **inputs: Any) -> np.ndarray:
         refuse_positional("predict", args, self._input_names("predict"))
-        out = self._run("predict", inputs)
+        out = self._updated(self._run("predict", inputs))  # carry_predict=True writes carried state
         return out["output"] if "output" in out else out
 
     def gradients(self, *args: Any, **inputs: Any) -> dict[str, np.ndarray]:
@@ -100,15 +106,29 @@ class ReferenceRuntime:
         """One forward, backward and optimizer step; returns the loss (nan or inf when the
         training diverged: the step is taken all the same)."""
         refuse_positional("train_step", args, self._input_names("train_step"))
-        out = self._run("train_step", inputs)
+        out = self._updated(self._run("train_step", inputs))
+        for name in self.counters:
+            self.counters[name] = self.counters[name] + 1
+        return float(out["loss"])
+
+    def _updated(self, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Store the state updates among an entry's outputs; the other outputs."""
+        kept = {}
         for key, value in out.items():
             kind, _, name = key.partition(":")
             store = {"param": self.params, "buffer": self.buffers, "state": self.opt_state}.get(kind)
             if store is not None:
                 store[name] = value
-        for name in self.counters:
-            self.counters[name] = self.counters[name] + 1
-        return float(out["loss"])
+            else:
+                kept[key] = value
+        return kept
+
+    def reset_state(self, names: Any = None) -> None:
+        """Zero the state carried across batches (glcomp.compile's ``carry=``): every carried
+        input, or those in `names` (one name or several); GlcompError for any other name."""
+        self._check_usable()
+        for name in carried_names(self.program.options, names):
+            self.buffers[name] = np.zeros_like(self.buffers[name])
 
     def train_steps(self, batches: Iterable[dict[str, Any]], read_every: int = 0) -> list[float]:
         """Same contract as the GL runtime's: the losses of every `read_every`-th and the last step,
@@ -143,7 +163,8 @@ class ReferenceRuntime:
         path (see glcomp.runtime.weights)."""
         from glcomp.runtime.weights import save_weights
 
-        return save_weights(path, self.state_dict())
+        carried = carried_names(self.program.options)
+        return save_weights(path, {k: v for k, v in self.state_dict().items() if k not in carried})
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """The optimizer state (``opt.<param>.<slot>``, ``opt.step``) as it is now (copies)."""
