@@ -69,6 +69,11 @@ class Runtime(Protocol):
         """Set every optimizer state (moments, momentum, the step count) to zero."""
         ...
 
+    def reset_state(self, names: Any = None) -> None:
+        """Zero the state carried across batches (glcomp.compile's ``carry=``): every carried
+        input, or those in `names`."""
+        ...
+
     def save_weights(self, path: Any) -> Any:
         """Write `state_dict()`'s parameters and buffers to the safetensors file `path`,
         atomically, for the torch twin of the model; returns the path."""
