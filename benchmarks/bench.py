@@ -102,6 +102,15 @@ WORKLOADS = {
         lambda: optim.Adam(lr=1e-3),
         (32, 10, 32),
     ),
+    # A realistic recurrent size (the small workloads above are launch-bound): not in the
+    # default run of bench_browser.py, run it with --workloads lstm256.
+    "lstm256": Workload(
+        "lstm256",
+        "LSTM(64, 256) over 32 steps, last output, Linear 256-10; batch 32; Adam 1e-3",
+        lambda: LastStep(64, 256, 10),
+        lambda: optim.Adam(lr=1e-3),
+        (32, 32, 64),
+    ),
 }
 
 

@@ -82,6 +82,22 @@ const WORKLOADS = {
       }),
     optimizer: (tf) => tf.train.adam(1e-3, 0.9, 0.999, 1e-8),
   },
+  // LSTM(64, 256) over 32 steps, last output, Linear 256-10; batch 32; Adam 1e-3 (as above).
+  lstm256: {
+    torchShape: [32, 32, 64],
+    xShape: [32, 32, 64],
+    classes: 10,
+    model: (tf) =>
+      tf.sequential({
+        layers: [
+          tf.layers.lstm({
+            inputShape: [32, 64], units: 256, recurrentActivation: "sigmoid", recurrentInitializer: "glorotUniform",
+          }),
+          tf.layers.dense({ units: 10 }),
+        ],
+      }),
+    optimizer: (tf) => tf.train.adam(1e-3, 0.9, 0.999, 1e-8),
+  },
 };
 
 export const NAMES = Object.keys(WORKLOADS);
