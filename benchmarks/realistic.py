@@ -482,15 +482,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="write the records as JSON here")
     ap.add_argument("--profile", action="store_true", help="time each draw of one step instead")
     ap.add_argument("--storage", default="f32", choices=["f32", "f16"], help="texture storage")
+    ap.add_argument("--target", default="webgl2", help="compile target (webgl2-gpu: a GPU's costs)")
     ap.add_argument(
         "--plan", action="store_true", help="no GL: draws at batch 4 and 32 and compile CPU time per workload"
     )
     args = ap.parse_args(argv)
     if args.storage != "f32":
         OPTIONS["storage"] = args.storage
+    if args.target != "webgl2":
+        OPTIONS["target"] = args.target
     if args.plan:
         names = [n for n in args.only.split(",") if n] or list(BUILDERS)
-        print(f"plans (no GL); storage {args.storage}; load {os.getloadavg()}")
+        print(f"plans (no GL); target {args.target}; storage {args.storage}; load {os.getloadavg()}")
         print(plan_table(names))
         print(f"load average after: {os.getloadavg()}")
         return 0

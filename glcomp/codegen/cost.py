@@ -27,10 +27,14 @@ matmul that the fetch count alone favours made the MLP and conv_seed steps 10-25
 llvmpipe, so `BLOCKED_DRAW` is 2^20 element-iterations (2^18 fetches), which keeps tiling for
 large products (about 1024^3 and up), where the H200 measured it 3.4x faster. On an NVIDIA H200
 calibrate.py gives 0.012 ns per element-iteration and 12 us per draw, about 1,030,000: these
-constants suit CPU rasterizers and browsers; a per-target calibration is left to do.
+constants suit CPU rasterizers and browsers. A target may carry its own (Target.draw_cost,
+Target.blocked_draw_cost; the ``webgl2-gpu`` preset has the H200's), which every decision below
+then uses.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 DRAW = 20_000  # element-iterations one draw call costs
 BLOCKED_DRAW = 1 << 20  # element-iterations a register-blocked draw or its gather draw costs
@@ -39,8 +43,13 @@ RECOMPUTE = 2  # ops of fused arithmetic a loop kernel may recompute at each rea
 GATHER_FETCHES = 2  # texel fetches a tiled kernel's gather draw spends per output texel (read, write)
 
 
-def draws(count: int, blocked: bool = False) -> int:
-    """The cost of `count` draw calls (register-blocked ones and their gathers with `blocked`)."""
+def draws(count: int, blocked: bool = False, target: Any = None) -> int:
+    """The cost of `count` draw calls (register-blocked ones and their gathers with `blocked`):
+    the constants of `target` (a glcomp.codegen.target.Target) where it has its own, else DRAW
+    and BLOCKED_DRAW."""
+    own = None if target is None else (target.blocked_draw_cost if blocked else target.draw_cost)
+    if own is not None:
+        return count * own
     return count * (BLOCKED_DRAW if blocked else DRAW)
 
 

@@ -97,6 +97,8 @@ class CompileOptions:
     max_texture_units: int | None = None
     max_loop_iterations: int | None = None
     float_blend: bool | None = None
+    draw_cost: int | None = None
+    blocked_draw_cost: int | None = None
     passes: Mapping[str, bool] = field(
         default_factory=lambda: MappingProxyType({k: k not in OFF_BY_DEFAULT for k in PASSES})
     )

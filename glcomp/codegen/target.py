@@ -24,13 +24,27 @@ class Target:
     max_texture_units: int = 16
     max_loop_iterations: int = 1024  # longer loops are split into nested constant-bound loops
     float_blend: bool = True  # EXT_float_blend: additive blending into float render targets
+    # The cost model's constants for this device class, in element-iterations
+    # (glcomp.codegen.cost; benchmarks/calibrate.py measures them): a draw call's fixed cost and
+    # a register-blocked draw's. None: the cost model's defaults, measured on CPU rasterizers
+    # (llvmpipe, SwiftShader), the conservative choice for a bundle meant to run anywhere.
+    draw_cost: int | None = None
+    blocked_draw_cost: int | None = None
 
     @property
     def webgl1(self) -> bool:
         return self.glsl_version == "100"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The device limits, as the manifest records them (the cost constants only steer
+        planning: a runtime has nothing to check them against)."""
+        out = asdict(self)
+        for key in COST_FIELDS:
+            del out[key]
+        return out
+
+
+COST_FIELDS = ("draw_cost", "blocked_draw_cost")
 
 
 _BASE = {
@@ -64,6 +78,20 @@ _BASE = {
         max_draw_buffers=4,
         max_texture_units=16,
         float_blend=False,
+    ),
+    # Desktop-class GPUs through WebGL 2 (discrete or integrated; ANGLE on D3D11, Metal, Vulkan or
+    # OpenGL): 8 draw buffers and 8192-texel textures, which such GPUs offer, and the cost model's
+    # constants calibrated on one (benchmarks/calibrate.py on an NVIDIA H200 through EGL: a draw
+    # costs about 1,030,000 element-iterations, and a register-blocked draw no more than any
+    # other), so merging draws and blocking products pay at the sizes where they do on a GPU.
+    "webgl2-gpu": Target(
+        "webgl2-gpu",
+        "300 es",
+        max_texture_size=8192,
+        max_draw_buffers=8,
+        max_texture_units=16,
+        draw_cost=1_000_000,
+        blocked_draw_cost=1_000_000,
     ),
 }
 

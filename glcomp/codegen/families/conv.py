@@ -310,7 +310,7 @@ def choose_weight_grad_tiling(
             continue
         blocks = parts * tiling.groups * c * kh * rt
         work = cost.fetches(blocks * steps * (r + d) + texels * cost.GATHER_FETCHES)
-        work += cost.draws(1 + extra_draws, blocked=True)
+        work += cost.draws(1 + extra_draws, blocked=True, target=target)
         if best is None or work < best[0]:
             best = (work, r)
     if best is None or best[0] >= today:
@@ -415,7 +415,7 @@ def choose_conv_tiling(
             continue
         blocks = batch * tiling.groups * oh * rt
         work = cost.fetches(blocks * c * kh * (d + r * wrt) + texels * cost.GATHER_FETCHES)
-        work += cost.draws(1 + extra_draws, blocked=True)
+        work += cost.draws(1 + extra_draws, blocked=True, target=target)
         if best is None or work < best[0]:
             best = (work, r)
     if best is None or best[0] >= today:

@@ -155,7 +155,7 @@ def _pays(
         merged = footprint * 4 * sum(cost[r] for r in a + b)
     else:
         merged = separate + footprint * 4 * len(a + b)
-    return merged <= separate + cost_model.DRAW
+    return merged <= separate + cost_model.draws(1, target=target)
 
 
 def _has_fused_loop(graph: Graph, k: Kernel) -> bool:

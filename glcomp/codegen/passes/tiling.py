@@ -212,7 +212,7 @@ def choose_tiling(
         if a_form == "t" and r % 4:
             continue
         work = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * cost.GATHER_FETCHES)
-        work += cost.draws(1 + extra_draws, blocked=True)
+        work += cost.draws(1 + extra_draws, blocked=True, target=target)
         if best is None or work < best[0]:
             best = (work, r, c)
     if best is None or best[0] >= today:
