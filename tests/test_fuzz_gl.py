@@ -132,7 +132,7 @@ def specs(draw: Any) -> Spec:
         features = out
     spec.layers.append(("linear", features, spec.classes, True))
     spec.optimizer = draw(st.sampled_from(["sgd", "adam"]))
-    spec.target = draw(st.sampled_from(["webgl2", "webgl1"]))
+    spec.target = draw(st.sampled_from(["webgl2", "webgl1", "webgl2-gpu"]))
     spec.passes = {name: draw(st.booleans()) for name in sorted(PASSES)}
     spec.seed = draw(st.integers(0, 2**16))
     # Small models split K only with a low threshold (the default needs 1024-long products).
