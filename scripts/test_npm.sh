@@ -15,6 +15,12 @@ npm ci --no-audit --no-fund --loglevel=error
 # (`npm run typecheck` checks check/usage.ts against the declarations in place; the same file is
 # checked below through the installed package, which also proves its `exports` and `types`.)
 tgz=$(npm pack --silent --pack-destination "$work" | tail -n 1)
+# copy-runtime.mjs follows glcomp.js's imports: the Runtime's parts (runtime.js and the modules
+# it is composed of) are in dist/
+contents=$(tar -tzf "$work/$tgz")
+for f in glcomp.js runtime.js context.js executor.js readback.js persistence.js; do
+  grep -qx "package/dist/$f" <<<"$contents" || { echo "dist/$f is missing from $tgz" >&2; exit 1; }
+done
 
 mkdir "$work/app" && cd "$work/app"
 echo '{ "name": "app", "private": true, "type": "module" }' >package.json

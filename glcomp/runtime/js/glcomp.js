@@ -10,8 +10,10 @@
 // The modules: format/ (the bundle format, one module per glcomp/format module: manifest.js, its
 // validation with the schema of manifest_schema.js and the interpreter of jsonschema.js;
 // shaders.js, shader loop bounds and shaders.json; parse.js, JSON and safetensors; packing.js,
-// tensors in texture pages), io.js (sha256, inputs, bundle loading), runtime.js (WebGL
-// execution), util.js (the error type and helpers). This module re-exports their public API, so
+// tensors in texture pages), io.js (sha256, inputs, bundle loading), runtime.js (the Runtime
+// class, composed of context.js: the context, capability probe and context loss; executor.js:
+// textures, programs, draws; readback.js: fences and pixel-pack buffers; persistence.js:
+// weights, snapshots, IndexedDB), util.js (the error type and helpers). This module re-exports their public API, so
 // `import ... from "./glcomp.js"` keeps working.
 
 export { GlcompError, nextTask } from "./util.js";
