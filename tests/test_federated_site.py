@@ -29,22 +29,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_browser import CHROMIUM_ARGS
 
 from glcomp.errors import GlcompError
 
 pytestmark = pytest.mark.browser
 
 ATOL = 1e-5
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--use-angle=swiftshader",
-    "--enable-unsafe-swiftshader",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 EXAMPLE = '''
 """A tiny classifier for the browser-site tests."""
 import numpy as np

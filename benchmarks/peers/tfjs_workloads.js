@@ -10,6 +10,29 @@
 // The page must have loaded tf.min.js (global `tf`) and installed the GL call counters of
 // bench_browser.py (globalThis.__glCounts) before `bench` is called.
 
+/** An LSTM(inputs, units) over `steps` steps, its last output into Linear units-10, batch
+ *  `batch`, Adam 1e-3. recurrentActivation sigmoid as in torch (tfjs's default is hardSigmoid).
+ *  The recurrent kernel starts glorotUniform: tfjs's default, orthogonal, runs a QR decomposition
+ *  on the GPU at model creation that compiles about 3000 shader programs (two minutes on
+ *  SwiftShader), which is initialisation, not training. */
+function lstmWorkload(batch, steps, inputs, units) {
+  return {
+    torchShape: [batch, steps, inputs],
+    xShape: [batch, steps, inputs],
+    classes: 10,
+    model: (tf) =>
+      tf.sequential({
+        layers: [
+          tf.layers.lstm({
+            inputShape: [steps, inputs], units, recurrentActivation: "sigmoid", recurrentInitializer: "glorotUniform",
+          }),
+          tf.layers.dense({ units: 10 }),
+        ],
+      }),
+    optimizer: (tf) => tf.train.adam(1e-3, 0.9, 0.999, 1e-8),
+  };
+}
+
 const WORKLOADS = {
   // Linear 64-128-64-10, ReLU; batch 64; SGD lr 0.1
   mlp: {
@@ -63,41 +86,9 @@ const WORKLOADS = {
     optimizer: (tf) => tf.train.sgd(0.01),
   },
   // LSTM(32, 128) over 10 steps, last output, Linear 128-10; batch 32; Adam 1e-3.
-  // recurrentActivation sigmoid as in torch (tfjs's default is hardSigmoid). The recurrent kernel
-  // starts glorotUniform: tfjs's default, orthogonal, runs a QR decomposition on the GPU at model
-  // creation that compiles about 3000 shader programs (two minutes on SwiftShader), which is
-  // initialisation, not training.
-  lstm: {
-    torchShape: [32, 10, 32],
-    xShape: [32, 10, 32],
-    classes: 10,
-    model: (tf) =>
-      tf.sequential({
-        layers: [
-          tf.layers.lstm({
-            inputShape: [10, 32], units: 128, recurrentActivation: "sigmoid", recurrentInitializer: "glorotUniform",
-          }),
-          tf.layers.dense({ units: 10 }),
-        ],
-      }),
-    optimizer: (tf) => tf.train.adam(1e-3, 0.9, 0.999, 1e-8),
-  },
-  // LSTM(64, 256) over 32 steps, last output, Linear 256-10; batch 32; Adam 1e-3 (as above).
-  lstm256: {
-    torchShape: [32, 32, 64],
-    xShape: [32, 32, 64],
-    classes: 10,
-    model: (tf) =>
-      tf.sequential({
-        layers: [
-          tf.layers.lstm({
-            inputShape: [32, 64], units: 256, recurrentActivation: "sigmoid", recurrentInitializer: "glorotUniform",
-          }),
-          tf.layers.dense({ units: 10 }),
-        ],
-      }),
-    optimizer: (tf) => tf.train.adam(1e-3, 0.9, 0.999, 1e-8),
-  },
+  lstm: lstmWorkload(32, 10, 32, 128),
+  // LSTM(64, 256) over 32 steps, last output, Linear 256-10; batch 32; Adam 1e-3.
+  lstm256: lstmWorkload(32, 32, 64, 256),
 };
 
 export const NAMES = Object.keys(WORKLOADS);
