@@ -1,5 +1,5 @@
 // ESLint (flat config) for glcomp's browser runtime and the benchmark peers: ES modules in the
-// browser, ESLint's recommended rules. Run by scripts/test.sh: `npx eslint glcomp/runtime/js benchmarks/peers/*.js`.
+// browser, ESLint's recommended rules. Run by scripts/test.sh: `npx eslint glcomp/runtime/js glcomp/pages benchmarks/peers/*.js`.
 import js from "@eslint/js";
 import globals from "globals";
 

@@ -1,5 +1,5 @@
 """Camera fine-tuning in the page: a small CNN pretrained in Python learns the user's own classes
-from a few seconds of camera frames, in the browser (glcomp/runtime/js/camera.html).
+from a few seconds of camera frames, in the browser (glcomp/pages/camera.html).
 
     python examples/camera_finetune.py --no-serve      # pretrain, write runs/camera_finetune/bundle/
     glcomp serve runs/camera_finetune/bundle           # then open http://127.0.0.1:8000/camera.html

@@ -1,7 +1,8 @@
 """Serve a bundle to the browser: the demo page trains it with WebGL on data shipped beside it.
 
-``glcomp serve DIR [--port N]`` binds 127.0.0.1 only and serves nothing but the demo page and the
-browser runtime (glcomp/runtime/js/) under ``/`` and the bundle's files under ``/bundle/``:
+``glcomp serve DIR [--port N]`` binds 127.0.0.1 only and serves nothing but the pages
+(glcomp/pages/: demo, fine-tuning, camera) and the browser runtime (glcomp/runtime/js/), side by
+side under ``/`` (a page imports ``./glcomp.js``), and the bundle's files under ``/bundle/``:
 plain files inside those folders with known suffixes, no listings, no dot-files, no links that
 lead outside, no ``..``. One thread runs an event loop over non-blocking sockets (`DemoServer`):
 files are streamed in chunks (memory stays flat however large a file or however many readers), a
@@ -32,7 +33,8 @@ import numpy as np
 
 from glcomp.errors import GlcompError
 
-JS_DIR = Path(__file__).resolve().parent / "runtime" / "js"
+JS_DIR = Path(__file__).resolve().parent / "runtime" / "js"  # the browser runtime, the library
+PAGES_DIR = Path(__file__).resolve().parent / "pages"  # the pages, served beside the runtime's modules
 DATA_FILE = "data.safetensors"
 DATA_KEYS = ("x_train", "y_train", "x_test", "y_test")
 HOST = "127.0.0.1"
@@ -133,7 +135,9 @@ def _resolve(target: str, bundle_dir: Path, data_file: Path | None) -> Path | No
         if parts == [DATA_FILE] and data_file is not None:
             return data_file
         return _safe_file(bundle_dir, parts, _BUNDLE_SUFFIXES)
-    if len(parts) == 1 or (len(parts) == 2 and parts[0] == "format"):  # format/: the bundle format's modules
+    if len(parts) == 1:  # a page, or a module of the runtime (their names never clash)
+        return _safe_file(PAGES_DIR, parts, _JS_SUFFIXES) or _safe_file(JS_DIR, parts, _JS_SUFFIXES)
+    if len(parts) == 2 and parts[0] == "format":  # format/: the bundle format's modules
         return _safe_file(JS_DIR, parts, _JS_SUFFIXES)
     return None
 

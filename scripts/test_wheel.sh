@@ -56,7 +56,7 @@ assert venv in where.parents, f"imported {where}, not the wheel installed in {ve
 root = where.parent
 assert glcomp.__version__ == importlib.metadata.version("glcomp"), glcomp.__version__
 assert (root / "py.typed").is_file(), "py.typed is missing"
-for data in ("runtime/js/glcomp.js", "runtime/js/demo.html", "format/manifest.schema.json"):
+for data in ("runtime/js/glcomp.js", "pages/demo.html", "format/manifest.schema.json"):
     assert (root / data).is_file(), f"{data} is missing from the wheel"
 assert list((root / "codegen" / "families").glob("*.j2")), "the GLSL templates are missing"
 # Every module and data file of the source tree (the runtime's modules and pages, the schemas,

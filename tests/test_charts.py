@@ -1,4 +1,4 @@
-"""The pages' training chart (glcomp/runtime/js/chart.js) in Chromium: distinct loss tick labels,
+"""The pages' training chart (glcomp/pages/chart.js) in Chromium: distinct loss tick labels,
 a legend clear of the epoch labels, labelled axes, and pages that say whether their bundle is already
 trained. The demo page plots epochs; the fine-tuning page (finetune.html) and the camera page
 (camera.html) plot the loss of every step through the same chart while they train.

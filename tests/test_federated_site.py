@@ -3,7 +3,7 @@
 SuperNode and apps as processes on 127.0.0.1), the bridge refusing bad updates from the page,
 and the commands' argument errors.
 
-The page (glcomp/runtime/js/site.html) trains with glcomp.js on SwiftShader; the Python site
+The page (glcomp/pages/site.html) trains with glcomp.js on SwiftShader; the Python site
 it is compared with trains the same program with the moderngl runtime (llvmpipe). Measured: the
 page's update after one federated round (8 Adam steps of a 6-12-3 MLP, batch 8, 64 rows) differs
 from the Python GL client's update on the same data and global weights by at most 4.5e-8 (max

@@ -30,6 +30,7 @@ from glcomp.serve import make_server
 
 JS_DIR = Path(glcomp.__file__).parent / "runtime" / "js"
 FORMAT_JS = JS_DIR / "format"  # one module per glcomp/format module
+PAGES_DIR = Path(glcomp.__file__).parent / "pages"  # the pages, served beside the runtime's modules
 FORMAT_PY = sorted((Path(glcomp.__file__).parent / "format").glob("*.py"))
 # glcomp/format modules with a browser twin of the same name (the others: bundle writing, file
 # writes, program.json and the store, which only Python does, or glcomp.js does in io.js).
@@ -77,7 +78,7 @@ def test_validator_messages_name_the_field() -> None:
 
 def test_the_browser_modules_are_served_and_import_only_each_other(tmp_path: Path) -> None:
     """glcomp serve hands out every module of the browser runtime, and the modules import only
-    modules that exist beside them (so '/glcomp.js' loads whole)."""
+    modules that exist beside them (so '/glcomp.js' loads whole); the pages are served beside them."""
     import threading
 
     modules = sorted(p.relative_to(JS_DIR).as_posix() for p in JS_DIR.glob("**/*.js"))
@@ -92,6 +93,16 @@ def test_the_browser_modules_are_served_and_import_only_each_other(tmp_path: Pat
         ):
             resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
             assert target.startswith(("./", "../")) and resolved in modules, (name, target)
+    # The pages (glcomp/pages) are served beside the runtime's modules and import them as "./x.js";
+    # the runtime imports no page.
+    pages = sorted(p.name for p in PAGES_DIR.iterdir() if p.suffix in (".js", ".html"))
+    assert {"demo.html", "demo.js", "chart.js", "site.html"} <= set(pages)
+    assert not set(pages) & set(modules), "a page and a runtime module share a name"
+    for name in (p for p in pages if p.endswith(".js")):
+        for target in re.findall(
+            r'^(?:import|export)[^;]*? from "([^"]+)";', (PAGES_DIR / name).read_text(), re.M | re.S
+        ):
+            assert target.startswith("./") and target[2:] in {*pages, *modules}, (name, target)
     (tmp_path / "b").mkdir()
     server = make_server(tmp_path / "b")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -101,6 +112,10 @@ def test_the_browser_modules_are_served_and_import_only_each_other(tmp_path: Pat
             status, body, kind = _get(server.server_address[1], f"/{name}")
             assert (status, kind) == (200, "text/javascript; charset=utf-8"), name
             assert body == (JS_DIR / name).read_bytes()
+        for name in pages:
+            status, body, kind = _get(server.server_address[1], f"/{name}")
+            assert status == 200 and kind.startswith(("text/javascript", "text/html")), name
+            assert body == (PAGES_DIR / name).read_bytes()
     finally:
         server.shutdown()
         server.server_close()

@@ -2,7 +2,7 @@
 ClientApp on the other, over HTTP on 127.0.0.1 only.
 
 ``glcomp federated site --browser`` starts a `Bridge` in its own process. It serves the site page
-(glcomp/runtime/js/site.html and the runtime's modules) and the site's bundle, and two APIs:
+(glcomp/pages/site.html beside the runtime's modules, glcomp/runtime/js/) and the site's bundle, and two APIs:
 
 - the page's (same origin only): ``GET /api/job`` long-polls for the next round's job (the global
   weights, the local epochs or steps, the learning rate, the batch order), ``POST
@@ -45,6 +45,7 @@ from glcomp.federated.core import LocalResult, federated_shapes, shuffle_seed, u
 
 HOST = "127.0.0.1"
 JS_DIR = Path(__file__).resolve().parents[1] / "runtime" / "js"
+PAGES_DIR = Path(__file__).resolve().parents[1] / "pages"  # site.html and site.js, served beside JS_DIR
 PAGE = "site.html"
 TOKEN_HEADER = "X-Glcomp-Token"
 # How long a page's GET /api/job waits for a job before answering 204 (it asks again).
@@ -458,7 +459,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if name.startswith("bundle/"):  # the bundle's own files
             folder, parts = bridge.bundle_dir, name[len("bundle/") :].split("/")
         else:  # the page and the runtime's modules (and their subfolders), .js and .html only
-            folder, parts = JS_DIR, name.split("/")
+            parts = name.split("/")
+            folder = PAGES_DIR if len(parts) == 1 and (PAGES_DIR / parts[0]).is_file() else JS_DIR
             if not name.endswith((".js", ".html")):
                 return self._json(404, {"error": "not found"})
         if not all(part and not part.startswith(".") and "\\" not in part for part in parts):
