@@ -29,6 +29,7 @@ from glcomp.codegen.families.glsl import flat as _flat
 from glcomp.codegen.families.glsl import index_args as _args
 from glcomp.codegen.families.glsl import params
 from glcomp.codegen.families.glsl import strides as _strides
+from glcomp.codegen.families.movement import ZERO_UNIFORM
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout
 from glcomp.codegen.loops import FRAGMENT_LOOP_BUDGET, MAX_UNROLL, fragment_iterations
@@ -561,6 +562,9 @@ class KernelRenderer:
         functions += [fn for _, fn in sorted(slots, key=lambda s: s[0])]
         for grp in groups:
             grp["outputs"] = [(i, outputs[i]) for i in grp["members"]]
+        # zeros that reach a product read an integer uniform every draw sets to 0 (const_emit)
+        zero = any(ZERO_UNIFORM in line for fn in functions for line in fn.get("lines", ()))
+        ints = {ZERO_UNIFORM: 0} if zero else {}
         context = {
             "webgl1": t.webgl1,
             "rgba8": self.rgba8,
@@ -571,6 +575,7 @@ class KernelRenderer:
             "groups": groups,
             "samplers": [s for s, _, _ in samplers],
             "uniforms": [u for u, _ in uniforms],
+            "ints": list(ints),
             "fetches": fetches,
             "functions": functions,
             "roots": roots,
@@ -578,7 +583,7 @@ class KernelRenderer:
             "width": self.layouts[kernel.roots[0]].width,
         }
         source = environment().get_template("_kernel.j2").render(context)
-        return Rendered(source, samplers, uniforms)
+        return Rendered(source, samplers, uniforms, ints)
 
 
 def vertex_shader(target: Target) -> str:

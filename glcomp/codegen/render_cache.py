@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glcomp.codegen.families import Rendered, is_fused, safe_comment
+from glcomp.codegen.families.movement import zero_reaches_product
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.programs import NODE_NAME, ORIGIN, canonical, key_digest, sharing_digest
@@ -70,7 +71,7 @@ class Lowered:
         """The canonical form of a rendered shader."""
         source, renamed, offsets = canonical(rendered.source)
         samplers = [(renamed.get(s, s), n, p) for s, n, p in rendered.samplers]
-        return cls(source, samplers, list(rendered.uniforms), offsets)
+        return cls(source, samplers, list(rendered.uniforms), offsets | rendered.ints)
 
     @property
     def digest(self) -> str:
@@ -92,7 +93,8 @@ def kernel_places(plan: KernelPlan, kernel: Kernel, position: Mapping[int, int])
 
 def _node_facts(plan: KernelPlan, n: int, hypers: Mapping[int, str]) -> tuple[Any, ...]:
     """What rendering reads of node `n` but its operands: op, shape, dtype, attributes (an
-    input's but its name), texture layout and hyper-parameter name."""
+    input's but its name), texture layout, hyper-parameter name and, for a constant, whether
+    it reads the zero uniform."""
     data = plan.graph.node(n)
     attrs = tuple(sorted(data["attrs"].items()))
     if get_op(data["op"]).feed:  # read as a texture or uniform: its name is the runtime's
@@ -101,7 +103,10 @@ def _node_facts(plan: KernelPlan, n: int, hypers: Mapping[int, str]) -> tuple[An
     if n in plan.from_tiles:  # read from its tiles: their geometry is in the reader's fetches
         t = plan.tilings[plan.from_tiles[n]]
         tiled = tuple(sorted(t.read_params(plan.target.max_texture_size).items()))
-    return (data["op"], data["shape"], data["dtype"], attrs, plan.layouts.get(n), hypers.get(n), tiled)
+    # a zero constant reads the zero uniform or is written as a literal by its graph's readers,
+    # some of which may lie outside the kernel (movement.const_emit)
+    zero = zero_reaches_product(plan.graph, n) if data["op"] == "const" else None
+    return (data["op"], data["shape"], data["dtype"], attrs, plan.layouts.get(n), hypers.get(n), tiled, zero)
 
 
 def shape_key(

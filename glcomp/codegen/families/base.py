@@ -42,6 +42,7 @@ class Rendered:
     source: str
     samplers: list[tuple[str, int, int]]  # (uniform name, node, page)
     uniforms: list[tuple[str, str]]  # (uniform name, hyper-parameter name)
+    ints: dict[str, int] = dataclasses.field(default_factory=dict)  # integer uniforms: their values
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.() \[\]-]")

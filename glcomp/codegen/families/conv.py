@@ -340,6 +340,7 @@ def _render_blocked(
         "node_ids": ", ".join(f"%{v}" for v in [*kernel.body, *kernel.roots]),
         "origins": [safe_comment(v) for v in kernel.origins],
         "uniforms": [],
+        "ints": [],
         "tile_texels": tile.texels,
         "tile_tex": texel_params(tile),
     }

@@ -256,6 +256,7 @@ def render_tiled(
         "node_ids": ", ".join(f"%{n}" for n in [*kernel.body, *kernel.roots]),
         "origins": [safe_comment(o) for o in kernel.origins],
         "uniforms": [],
+        "ints": [],
         "R": t.R,
         "C": t.C,
         "M": t.M,

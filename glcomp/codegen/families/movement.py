@@ -7,8 +7,11 @@ row value) of the operand. Templates: none of their own (the map kernel's functi
 
 from __future__ import annotations
 
+import math
+
 from glcomp.codegen.families.base import Lowering, RenderContext, Vec4Body, register
 from glcomp.codegen.families.glsl import conjunction, flat, glsl_float, strides
+from glcomp.ir.graph import Graph
 
 
 # -- reshape -------------------------------------------------------------------------------------
@@ -199,7 +202,42 @@ def one_hot_emit4(r: RenderContext, n: int, lead: list[str]) -> Vec4Body | None:
 
 # -- const (a source written into the shader) ------------------------------------------------------
 def const_emit(r: RenderContext, n: int, args: list[str]) -> list[str]:
-    return [f"return {glsl_float(r.graph.attrs(n)['value'])};"]
+    """The constant's literal; a zero that reaches a product reads the zero uniform instead
+    (`zero_reaches_product`): shader compilers fold ``x * 0.0`` to 0 whatever x is, where IEEE
+    (and the reference) give nan for an infinite or nan x."""
+    value = r.graph.attrs(n)["value"]
+    if zero_reaches_product(r.graph, n):
+        return [f"return {'-' if math.copysign(1.0, value) < 0 else ''}float({ZERO_UNIFORM});"]
+    return [f"return {glsl_float(value)};"]
+
+
+# The integer uniform every draw of a program that reads it sets to 0 (a draw's {"int": 0}):
+# a zero no shader compiler can see, so none folds away what multiplying by it gives.
+ZERO_UNIFORM = "u_zero"
+# Ops through which a constant reaches its readers unchanged (views of its one value).
+_PASSING = frozenset({"reshape", "permute", "expand", "slice", "pad", "concat", "stop_gradient"})
+# Ops that multiply or divide by their operands: a literal zero operand lets a compiler replace
+# the result by 0 (Mesa's GLSL front end does even for `precise` and `invariant` values, as does
+# SwiftShader), though inf * 0, nan * 0 and 0 / 0 are nan.
+_PRODUCTS = frozenset({"mul", "div", "matmul", "bmm", "conv2d", "conv2d_input_grad", "conv2d_weight_grad"})
+
+
+def zero_reaches_product(graph: Graph, n: int) -> bool:
+    """Whether const node `n` is a zero (either sign) that a product reads, directly or through
+    views (`_PASSING`). Other zeros (added, compared, selected, the maximum's bound) and every
+    other constant stay literals: no IEEE result depends on their not being folded."""
+    if graph.op(n) != "const" or graph.attrs(n)["value"] != 0.0:
+        return False
+    seen, todo = {n}, [n]
+    while todo:
+        for user in graph.users(todo.pop()):
+            op = graph.op(user)
+            if op in _PRODUCTS:
+                return True
+            if op in _PASSING and user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return False
 
 
 register(Lowering("reshape", "map", emit=reshape_emit, emit4=reshape_emit4))
