@@ -20,7 +20,7 @@ from a few seconds of camera frames, in the browser (glcomp/pages/camera.html).
    a safetensors file with torch's names for `CameraNet` (`load_finetuned` reads it back; so does
    the same architecture in PyTorch: the preprocessing and augmentation modules hold no weights).
 
-Measured by tests/test_camera_demo.py in headless Chromium (SwiftShader) with a fake camera.
+Measured by tests/pages/test_camera_demo.py in headless Chromium (SwiftShader) with a fake camera.
 """
 
 from __future__ import annotations

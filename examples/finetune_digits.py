@@ -20,7 +20,7 @@ user draws or uploads, which never leave the device).
    bundle holds held-out test digits (all classes) and a few examples of the new classes, which the
    page can use instead of drawn ones.
 
-Measured in headless Chromium (SwiftShader) by tests/test_finetune_example.py (120 pretraining steps,
+Measured in headless Chromium (SwiftShader) by tests/pages/test_finetune_example.py (120 pretraining steps,
 60 sample examples, 80 fine-tuning steps of batch 16): held-out accuracy on the new classes 0% -> 81%,
 on all ten 84%; freezing the convolutions cuts the train step from 31 draws to 17.
 """

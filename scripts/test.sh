@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-# PyTorch is an optional cross-check (tests/test_torch_parity.py), never a runtime dependency.
+# PyTorch is an optional cross-check (tests/nn/test_torch_parity.py), never a runtime dependency.
 python3 -m pip install -q --disable-pip-version-check torch==2.13.0
 python3 -m ruff check glcomp tests examples benchmarks
 python3 -m ruff format --check glcomp tests examples benchmarks

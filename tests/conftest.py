@@ -1,5 +1,7 @@
 """Shared fixtures for the GL tests: one OpenGL context for the whole session, GL runtimes that are
-released after use, and the small test models the GL, GLSL and bundle tests run.
+released after use, and the small test models the GL, GLSL and bundle tests run; and the browser
+tests' fixtures: headless Chromium (`browser`), a served directory of bundles (`site`) and a page
+with the WebGL object counter (`page`), whose helpers are in tests/browser/support.py.
 
 GL tests must not be skipped silently: when no context can be created (no Mesa EGL/llvmpipe),
 every test that asks for `gl_ctx` fails with a message saying what to install.
@@ -81,6 +83,50 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if slow_only:
             config.hook.pytest_deselected(items=slow_only)
             items[:] = [item for item in items if not item.get_closest_marker("slow_only")]
+
+
+# -- the browser fixtures (headless Chromium; the helpers are tests/browser/support.py) ----------------
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (WebGL on SwiftShader), one per test module; fails, never skips, without it."""
+    from browser.support import CHROMIUM_ARGS, chromium_executable, sync_playwright
+
+    exe = chromium_executable()
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A directory of bundles served with the runtime on 127.0.0.1 (a `Site`), one per test module."""
+    from browser.support import Site
+
+    s = Site(tmp_path_factory.mktemp("site"))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def page(browser: Any, site: Any) -> Iterator[Any]:
+    """A fresh page of `site` counting its WebGL objects; `page.errors` collects page errors and
+    WebGL console messages."""
+    from browser.support import COUNT_GL_OBJECTS
+
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.add_init_script(COUNT_GL_OBJECTS)
+    errors: list[str] = []
+    pg.on("pageerror", lambda err: errors.append(str(err)))
+    # WebGL errors and performance warnings reach the console only
+    pg.on(
+        "console", lambda msg: errors.append(msg.text) if "GL" in msg.text or "warning" in msg.text else None
+    )
+    pg.goto(site.url + "glcomp.js")  # any same-origin document will do to import the module
+    pg.errors = errors
+    yield pg
+    context.close()
 
 
 # -- the test models -------------------------------------------------------------------------------
@@ -208,7 +254,7 @@ def dialect(request: pytest.FixtureRequest) -> str:
 
 # -- Hypothesis profiles ---------------------------------------------------------------------------
 # "default" keeps property tests that do not set their own example count (the GL fuzzer,
-# tests/test_fuzz_gl.py) quick; `pytest --slow` loads "slow", which runs thousands of examples.
+# tests/codegen/test_fuzz_gl.py) quick; `pytest --slow` loads "slow", which runs thousands of examples.
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("default", max_examples=6, deadline=None, suppress_health_check=_HEALTH)
 settings.register_profile("slow", max_examples=3000, deadline=None, suppress_health_check=_HEALTH)

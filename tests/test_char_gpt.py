@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_browser import browser  # noqa: F401  (the Chromium fixture)
 
 import glcomp
 from glcomp.cli import main
@@ -136,7 +135,7 @@ def test_glcomp_train_runs_the_example(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.browser
-def test_demo_page_trains_the_char_gpt(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_demo_page_trains_the_char_gpt(browser: Any, tmp_path: Path) -> None:
     """The demo page trains the example's bundle (tiny configuration) in Chromium: the loss goes
     down, accuracy is counted per position and text is sampled with the shipped vocabulary."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout

@@ -212,6 +212,20 @@ def test_relative_links_resolve(page: Path) -> None:
             assert anchor in anchors(dest), f"{page.name} links {target}: no such heading in {dest.name}"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_cited_tests_exist(page: Path) -> None:
+    """Every test a page cites (tests/x/test_y.py, tests/x/test_y.py::test_z) is where it says: the
+    file exists and, when named, so does the test function."""
+    text = page.read_text(encoding="utf-8")
+    for path, name in re.findall(r"\b(tests/[\w/]+\.py)(?:::(\w+))?", text):
+        file = ROOT / path
+        assert file.is_file(), f"{page.name} cites {path}: no such file"
+        if name:
+            assert re.search(rf"^(?:async )?def {name}\b", file.read_text(), re.M), (
+                f"{page.name} cites {path}::{name}: no such test"
+            )
+
+
 # -- README.md: every figure names the script that measured it, the machine and the load ----------
 
 # A measured figure: a number with a unit of time, speed, size or a share (12.7 ms/step, 35 s, 13

@@ -10,7 +10,7 @@ texture is split into pages.
 `layout_for` computes a layout (the code generator records it in the manifest); `pack` and
 `unpack` follow a recorded layout (the runtimes read only its numbers, never recompute it).
 glcomp.js's pack and unpack (glcomp/runtime/js/format/packing.js) follow the same rule; the parity test is
-tests/test_format_packing.py.
+tests/format/test_format_packing.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ GlcompError naming them); states are named as the torch twin of the model names 
 is usable until `release()` (or the end of a ``with`` block); afterwards every call raises
 GlcompError. Each runtime adds its own members beyond these (GL: ``info()``, ``run()``,
 ``gl_objects()``, ``manifest``; reference: ``params``, ``opt_state``, ``dtype``);
-tests/test_runtime_protocol.py checks that both satisfy this protocol with the same signatures.
+tests/runtime/test_runtime_protocol.py checks that both satisfy this protocol with the same signatures.
 """
 
 from __future__ import annotations

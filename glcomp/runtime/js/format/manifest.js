@@ -1,7 +1,7 @@
 // The bundle manifest: its validation (the schema in manifest_schema.js, generated from
 // glcomp/format/manifest.schema.json, plus the cross-checks a schema cannot express), exactly as
 // glcomp/format/manifest.py: both loaders accept and reject the same bundles
-// (tests/test_manifest_schema.py). Shaders' loops: shaders.js.
+// (tests/format/test_manifest_schema.py). Shaders' loops: shaders.js.
 import SCHEMA from "./manifest_schema.js";
 import { Validator, short } from "./jsonschema.js";
 import { GlcompError, prod } from "../util.js";

@@ -1,6 +1,6 @@
 // The packing rule of tensors into texture pages, as glcomp/format/packing.py: a row of the
 // layout's last axis fills whole RGBA texels (the last one padded), rows follow one another,
-// pages of width x height texels (tests/test_format_packing.py checks both place every element
+// pages of width x height texels (tests/format/test_format_packing.py checks both place every element
 // alike).
 
 /** Pack a flat row-major Float32Array of the layout's shape into pages of width*height RGBA texels. */

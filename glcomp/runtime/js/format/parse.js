@@ -1,6 +1,6 @@
 // Strict parsing of a bundle's untrusted bytes, as glcomp/format/parse.py: JSON (parse_json's
 // limits) and safetensors (parse_safetensors' checks), and writing safetensors. Both accept and
-// refuse the same files with the same messages (tests/test_format_parse.py).
+// refuse the same files with the same messages (tests/format/test_format_parse.py).
 import { GlcompError, fmtShape, isInt, isObj, prod, repr } from "../util.js";
 
 export const MAX_JSON_BYTES = 64 * 2 ** 20;

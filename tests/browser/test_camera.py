@@ -1,0 +1,71 @@
+"""Frames straight into input textures in Chromium: every kind of source glcomp.js takes for an
+image input (ImageData, canvas, OffscreenCanvas, ImageBitmap, VideoFrame) gives the numbers the
+Python reference gives for the same pixels, in WebGL 2 and WebGL 1; wrong sizes are refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import glcomp
+from browser.support import _js
+from glcomp import nn
+from glcomp.transforms.preprocess import Preprocess
+
+pytestmark = pytest.mark.browser
+
+SOURCES_JS = """
+const { base, frames, width, height } = arg;
+const rt = await g.Runtime.load(base, { quiet: true });
+const images = frames.map((bytes) => new ImageData(new Uint8ClampedArray(bytes), width, height));
+const canvas = (img) => { const c = document.createElement("canvas"); c.width = width; c.height = height;
+  c.getContext("2d").putImageData(img, 0, 0); return c; };
+const offscreen = (img) => { const c = new OffscreenCanvas(width, height);
+  c.getContext("2d").putImageData(img, 0, 0); return c; };
+const bitmap = (img) => createImageBitmap(img, { premultiplyAlpha: "none", colorSpaceConversion: "none" });
+const videoFrame = (bytes) => new VideoFrame(new Uint8Array(bytes), { format: "RGBA", codedWidth: width,
+  codedHeight: height, timestamp: 0 });
+const kinds = {
+  imageData: images,
+  canvas: images.map(canvas),
+  offscreenCanvas: images.map(offscreen),
+  imageBitmap: await Promise.all(images.map(bitmap)),
+  videoFrame: frames.map(videoFrame),
+};
+const out = {};
+for (const [kind, srcs] of Object.entries(kinds)) {
+  const pred = await rt.predict({ x: srcs });
+  out[kind] = Array.from(pred.data);
+}
+const errors = [];
+for (const bad of [[images[0]], [...images.slice(1), new ImageData(width + 1, height)]]) {
+  try { await rt.predict({ x: bad }); errors.push(null); } catch (err) { errors.push(String(err.message)); }
+}
+const info = rt.info();
+rt.dispose();
+return { out, errors, info };
+"""
+
+
+@pytest.mark.parametrize("target", ["webgl2", "webgl1"])
+def test_every_source_kind_gives_the_reference_numbers(page: Any, site: Any, target: str) -> None:
+    batch, height, width = 2, 9, 11
+    pre = Preprocess(size=(6, 7), source=(height, width), mean=(0.5, 0.4, 0.3), std=0.25)
+    prog = glcomp.compile(nn.Sequential(pre), {"x": pre.input(batch)}, target=target)
+    name = f"frames_{target}"
+    prog.save(site.root / name)
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (batch, height, width, 4), dtype=np.uint8)
+    images[..., 3] = 255  # opaque: canvases keep premultiplied pixels, exact only at alpha 255
+    want = prog.runtime("reference").predict(x=images)
+    frames = [f.ravel().tolist() for f in images]
+    arg = {"base": f"/bundle/{name}/", "frames": frames, "width": width, "height": height}
+    got = _js(page, SOURCES_JS, arg)
+    for kind, values in got["out"].items():
+        np.testing.assert_array_equal(np.float32(values).reshape(want.shape), want, err_msg=kind)
+    assert "takes 2 frame(s) of 11x9 pixels, got 1" in got["errors"][0]
+    assert "frame 1 is 12x9 pixels, the bundle takes 11x9" in got["errors"][1]
+    assert isinstance(got["info"]["software"], bool) and got["info"]["renderer"]
+    assert got["info"]["software"]  # the tests run Chromium on SwiftShader
