@@ -25,21 +25,29 @@ freshly uploaded batch with the loss read back (``await loss.data()``, ``dataSyn
 compilation) to the end of the first step; tfjs from model creation (after its backend is up) to
 the end of the first step, which compiles its shaders. This benchmark needs Chromium, Playwright
 and, for the peers, npm; it is not part of the test suite.
+
+``--chromium PATH`` drives that Chromium binary (``chromium``, ``chromium-headless-shell``) with
+benchmarks/cdp.py over the DevTools protocol instead, with no Playwright: the standard library,
+numpy and glcomp are all it needs (and tfjs's files, copied, for the peers). ``--chromium-args``
+adds flags to either driver's; ``--console`` prints the pages' console messages.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +70,62 @@ SWIFTSHADER_ARGS = [
 GPU_ARGS = ["--headless", "--no-sandbox", "--enable-gpu", "--ignore-gpu-blocklist", "--no-first-run"]
 
 
-def _bench() -> Any:
-    """benchmarks/bench.py as a module: its workloads (one definition for every benchmark) and
-    its markdown tables."""
-    if "_glcomp_bench" in sys.modules:
-        return sys.modules["_glcomp_bench"]
-    spec = importlib.util.spec_from_file_location("_glcomp_bench", Path(__file__).with_name("bench.py"))
+def _sibling(name: str) -> Any:
+    """benchmarks/<name>.py as a module (loaded once, whatever sys.path holds)."""
+    key = f"_glcomp_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _bench() -> Any:
+    """benchmarks/bench.py as a module: its workloads (one definition for every benchmark) and
+    its markdown tables."""
+    return _sibling("bench")
+
+
+@contextlib.contextmanager
+def _launch(chromium: str | None, args: list[str], console: bool) -> Iterator[Any]:
+    """A browser with `new_page()`: the Chromium binary `chromium` driven by benchmarks/cdp.py,
+    or (None) the system's `chromium` driven by Playwright, imported only then."""
+    if chromium is not None:
+        if not (os.path.isfile(chromium) and os.access(chromium, os.X_OK)):
+            raise SystemExit(f"--chromium {chromium}: not an executable file")
+        browser = _sibling("cdp").launch(chromium, args, print_console=console)
+        try:
+            yield browser
+        finally:
+            browser.close()
+        return
+    from playwright.sync_api import sync_playwright
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        raise SystemExit("chromium is not installed (Debian: apt-get install chromium), see also --chromium")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=exe, args=args)
+        try:
+            yield _ConsolePages(browser) if console else browser
+        finally:
+            browser.close()
+
+
+class _ConsolePages:
+    """A Playwright browser whose new pages print their console messages and page errors."""
+
+    def __init__(self, browser: Any) -> None:
+        self.browser = browser
+
+    def new_page(self) -> Any:
+        page = self.browser.new_page()
+        page.on("console", lambda msg: print(f"[console.{msg.type}] {msg.text}", file=sys.stderr, flush=True))
+        page.on("pageerror", lambda err: print(f"[pageerror] {err}", file=sys.stderr, flush=True))
+        return page
 
 
 def _workloads() -> dict[str, Any]:
@@ -239,19 +292,19 @@ def run(
     peers: tuple[str, ...] = (),
     rounds: int = 1,
     pipelined: bool = True,
+    chromium: str | None = None,
+    chromium_args: tuple[str, ...] = (),
+    console: bool = False,
 ) -> list[dict[str, Any]]:
     """Time every workload on glcomp.js (each target) and on each peer, `rounds` times, one fresh
     page per run, interleaved: within a round each workload runs on every runtime in turn (the
-    order reversed on odd rounds). One record per run, with the load average before and after."""
-    from playwright.sync_api import sync_playwright
-
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        raise SystemExit("chromium is not installed (Debian: apt-get install chromium)")
+    order reversed on odd rounds). One record per run, with the load average before and after.
+    `chromium`: a Chromium binary driven by benchmarks/cdp.py (None: the system's, by Playwright),
+    started with `chromium_args` after the default flags."""
     workloads = _workloads()
     results: list[dict[str, Any]] = []
     peer_server = _peer_server() if peers else None
-    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
         server = make_server(root)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -270,7 +323,8 @@ def run(
                 prog = glcomp.compile(model(), {"x": shape}, nn.CrossEntropyLoss(), make_opt(), target=target)
                 prog.save(root / f"{name}_{target}")
                 progs[name, target] = prog
-        browser = pw.chromium.launch(executable_path=exe, args=GPU_ARGS if gpu else SWIFTSHADER_ARGS)
+        browser_args = [*(GPU_ARGS if gpu else SWIFTSHADER_ARGS), *chromium_args]
+        browser = stack.enter_context(_launch(chromium, browser_args, console))
         try:
             for rnd in range(rounds):
                 for name in names:
@@ -315,7 +369,6 @@ def run(
                         results.append(rec)
                         print("    " + _row_text(rec), file=sys.stderr, flush=True)
         finally:
-            browser.close()
             server.shutdown()
             server.server_close()
             if peer_server is not None:
@@ -443,6 +496,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-pipelined", action="store_true", help="skip the glcomp.js pipelined (2 in flight) measurement"
     )
+    parser.add_argument(
+        "--chromium",
+        metavar="PATH",
+        help="drive this Chromium binary over the DevTools protocol (benchmarks/cdp.py), no Playwright",
+    )
+    parser.add_argument(
+        "--chromium-args",
+        default="",
+        metavar="FLAGS",
+        help='extra Chromium flags after the defaults, given with "=": '
+        '--chromium-args="--use-angle=vulkan --enable-features=Vulkan"',
+    )
+    parser.add_argument("--console", action="store_true", help="print the pages' console messages")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
@@ -472,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
         peers=peers,
         rounds=args.rounds,
         pipelined=not args.no_pipelined,
+        chromium=args.chromium,
+        chromium_args=tuple(shlex.split(args.chromium_args)),
+        console=args.console,
     )
     load_end = _load()
     if results:
@@ -494,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": max(1, args.warmup),
             "rounds": args.rounds,
             "peers": list(peers),
+            "driver": "cdp" if args.chromium else "playwright",
             "results": results,
         }
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
