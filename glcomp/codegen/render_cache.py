@@ -105,7 +105,7 @@ def _node_facts(plan: KernelPlan, n: int, hypers: Mapping[int, str]) -> tuple[An
         tiled = tuple(sorted(t.read_params(plan.target.max_texture_size).items()))
     # a zero constant reads the zero uniform or is written as a literal by its graph's readers,
     # some of which may lie outside the kernel (movement.const_emit)
-    zero = zero_reaches_product(plan.graph, n) if data["op"] == "const" else None
+    zero = zero_reaches_product(plan.graph, n)
     return (data["op"], data["shape"], data["dtype"], attrs, plan.layouts.get(n), hypers.get(n), tiled, zero)
 
 

@@ -42,6 +42,7 @@ def _shader(webgl1: bool, width: int, height: int) -> str:
             outputs=[{}],
             samplers=["s0"],
             uniforms=[],
+            ints=[],
             origins=[],
             kernel_name="copy",
             node_ids="",
