@@ -13,7 +13,9 @@ Every decision that trades shader work against draws or textures uses these numb
 - MRT (glcomp.codegen.passes.mrt): kernels merge into one draw when the work added by the common
   footprint costs less than the `DRAW` saved;
 - tiling (glcomp.codegen.passes.tiling): a matmul runs register-blocked when the fetches it saves, at
-  `FETCH` each, exceed its gather pass and `BLOCKED_DRAW` per draw it adds.
+  `FETCH` each, exceed its gather pass and `BLOCKED_DRAW` per draw it adds; on a target that names
+  the fragments a draw needs (`Target.parallel_fragments`), each draw's fetches also count
+  `occupancy` times, so a product short of fragments splits its K over more of them.
 
 Calibration. benchmarks/calibrate.py times a loop kernel over 256x256 texels for two loop lengths
 and chains of 1x1 draws that switch program, target and texture: on Mesa llvmpipe (2 vCPUs of an
@@ -51,6 +53,16 @@ def draws(count: int, blocked: bool = False, target: Any = None) -> int:
     if own is not None:
         return count * own
     return count * (BLOCKED_DRAW if blocked else DRAW)
+
+
+def occupancy(fragments: int, target: Any = None) -> float:
+    """How much longer a draw over `fragments` fragments takes than its work alone says: a
+    device that needs `target.parallel_fragments` fragments to keep busy runs fewer no faster
+    (1 when the target names no such width, as on CPU rasterizers, or the draw has as many)."""
+    width = None if target is None else target.parallel_fragments
+    if width is None or fragments >= width:
+        return 1.0
+    return width / max(1, fragments)
 
 
 def fetches(count: float) -> float:

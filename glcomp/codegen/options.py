@@ -99,6 +99,7 @@ class CompileOptions:
     float_blend: bool | None = None
     draw_cost: int | None = None
     blocked_draw_cost: int | None = None
+    parallel_fragments: int | None = None
     passes: Mapping[str, bool] = field(
         default_factory=lambda: MappingProxyType({k: k not in OFF_BY_DEFAULT for k in PASSES})
     )

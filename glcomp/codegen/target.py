@@ -30,6 +30,11 @@ class Target:
     # (llvmpipe, SwiftShader), the conservative choice for a bundle meant to run anywhere.
     draw_cost: int | None = None
     blocked_draw_cost: int | None = None
+    # How many fragments one draw needs to keep the device busy: a draw of fewer runs no faster
+    # than one of this many (glcomp.codegen.cost.occupancy), so a product with few output blocks
+    # and a long K is split over K towards it. None: the CPU rasterizers' rule, which splits only
+    # products of at most a few hundred output texels (glcomp.codegen.passes.tiling).
+    parallel_fragments: int | None = None
 
     @property
     def webgl1(self) -> bool:
@@ -44,7 +49,7 @@ class Target:
         return out
 
 
-COST_FIELDS = ("draw_cost", "blocked_draw_cost")
+COST_FIELDS = ("draw_cost", "blocked_draw_cost", "parallel_fragments")
 
 
 _BASE = {
@@ -83,7 +88,10 @@ _BASE = {
     # OpenGL): 8 draw buffers and 8192-texel textures, which such GPUs offer, and the cost model's
     # constants calibrated on one (benchmarks/calibrate.py on an NVIDIA H200 through EGL: a draw
     # costs about 1,030,000 element-iterations, and a register-blocked draw no more than any
-    # other), so merging draws and blocking products pay at the sizes where they do on a GPU.
+    # other), so merging draws and blocking products pay at the sizes where they do on a GPU; and
+    # the fragments a draw needs to fill it: on the H200 a product drawn over 4,096 fragments
+    # looping 1,024 times ran 13x slower per multiply-add than one over 262,144 fragments looping
+    # 64 times (per-draw profile of char-GPT medium), i.e. about 2^16 fragments keep it busy.
     "webgl2-gpu": Target(
         "webgl2-gpu",
         "300 es",
@@ -92,6 +100,7 @@ _BASE = {
         max_texture_units=16,
         draw_cost=1_000_000,
         blocked_draw_cost=1_000_000,
+        parallel_fragments=1 << 16,
     ),
 }
 

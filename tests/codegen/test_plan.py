@@ -298,6 +298,7 @@ def test_compile_options_defaults_and_program_options() -> None:
         "max_loop_iterations",
         "max_texture_size",
         "max_texture_units",
+        "parallel_fragments",
     ]
     assert CompileOptions.names() == sorted(["inspect", "passes", "storage", "target", *limits])
     assert default.inspect == () and CompileOptions.parse({"inspect": ["0", "0"]}).inspect == ("0",)

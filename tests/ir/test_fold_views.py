@@ -50,3 +50,50 @@ def test_gradient_of_linear_reads_the_weight_itself() -> None:
     out = fold_views(g)
     _, b = out.operands(out.outputs["dx"])
     assert b == w  # (W.T).T is W: the matmul reads the stored weight directly
+
+
+def _attention_key_grad(extra_reader: bool = False, transposed: bool = True) -> tuple[Graph, int]:
+    """permute(bmm(permute(q), g)): autodiff's gradient of q @ k.T with respect to k."""
+    g = Graph()
+    q = g.add_input("q", (2, 5, 3), "data")
+    gy = g.add_input("g", (2, 5, 5), "data")
+    a = g.add("permute", [q], perm=(0, 2, 1)) if transposed else g.add_input("a", (2, 3, 5), "data")
+    prod = g.add("bmm", [a, gy])
+    g.outputs["dk"] = g.add("permute", [prod], perm=(0, 2, 1))
+    if extra_reader:
+        g.outputs["p"] = g.add("exp", [prod])
+    return g, q
+
+
+def test_transpose_of_a_product_moves_onto_its_operands() -> None:
+    g, q = _attention_key_grad()
+    out = fold_views(g)
+    out.validate()
+    dk = out.outputs["dk"]
+    assert out.op(dk) == "bmm"
+    a, b = out.operands(dk)
+    assert b == q  # (q.T).T is q: the product reads the stored rows
+    assert out.op(a) == "permute" and out.attrs(a)["perm"] == (0, 2, 1)
+    rng = np.random.default_rng(1)
+    feed = {"q": rng.normal(size=(2, 5, 3)), "g": rng.normal(size=(2, 5, 5))}
+    np.testing.assert_allclose(evaluate(out, feed)["dk"], evaluate(g, feed)["dk"], rtol=1e-12)
+
+
+def test_a_2d_product_transposed_stays() -> None:
+    """A Linear's weight gradient (x.T @ g).T: its update reads the product transposed."""
+    g = Graph()
+    x = g.add_input("x", (6, 4), "data")
+    gy = g.add_input("g", (6, 3), "data")
+    g.outputs["dw"] = g.add(
+        "permute", [g.add("matmul", [g.add("permute", [x], perm=(1, 0)), gy])], perm=(1, 0)
+    )
+    out = fold_views(g)
+    assert out is g
+
+
+def test_a_product_read_elsewhere_or_without_a_transposed_operand_stays() -> None:
+    for g, _ in (_attention_key_grad(extra_reader=True), _attention_key_grad(transposed=False)):
+        out = fold_views(g)
+        assert out.op(out.outputs["dk"]) == "permute"
+        (src,) = out.operands(out.outputs["dk"])
+        assert out.op(src) == "bmm"

@@ -17,10 +17,12 @@ from collections.abc import Collection, Mapping
 
 from glcomp.codegen import cost as cost_model
 from glcomp.codegen.families.base import lowering
+from glcomp.codegen.families.matmul import Tiling
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import FUSIBLE, Kernel
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.loops import FRAGMENT_LOOP_BUDGET, fragment_iterations
+from glcomp.codegen.passes.tiling import choose_tiling
 from glcomp.codegen.target import Target
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
@@ -42,13 +44,18 @@ def mrt(plan: KernelPlan) -> KernelPlan:
 
 def _will_tile(graph: Graph, k: Kernel, layouts: Mapping[int, Layout], target: Target) -> bool:
     """Whether the tiling pass will run lone kernel `k` in its family's register-blocked form
-    (a convolution's): such a kernel stays out of MRT groups, where it could not be blocked."""
+    (a convolution's), or, on a target that names the fragments a draw needs, split its product
+    over K to fill the device: such a kernel stays out of MRT groups, where it could not be
+    blocked or split."""
     if len(k.roots) != 1:
         return False
     low = lowering(graph.op(k.roots[0]))
-    return (
-        low is not None and low.tiled is not None and low.tiled(graph, k, dict(layouts), target) is not None
-    )
+    if low is not None and low.tiled is not None:
+        return low.tiled(graph, k, dict(layouts), target) is not None
+    if target.parallel_fragments is None:
+        return False
+    t = choose_tiling(graph, k, dict(layouts), target)
+    return isinstance(t, Tiling) and t.S > 1
 
 
 def _fusible_root(graph: Graph, n: int) -> bool:

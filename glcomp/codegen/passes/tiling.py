@@ -41,6 +41,8 @@ from glcomp.ir.passes.split_reductions import split_factor
 
 # Block shapes (R rows, C column texels) tried, R * C render targets each.
 SHAPES = ((8, 1), (4, 2), (4, 1), (2, 2), (2, 1))
+# Block shapes tried only with K split, on targets with a width (1 x 1 unsplit is the one-texel kernel).
+SPLIT_SHAPES = ((1, 1),)
 # Split K: a product with at most FEW_TEXELS output texels and at least LONG_STEPS steps of 4 along K
 # loops serially in too few fragments (the thresholds of glcomp.ir.passes.split_reductions, in texels).
 FEW_TEXELS = 256
@@ -174,7 +176,8 @@ def choose_tiling(
         return None
     a, b = graph.operands(n)
     (m, k), cols = graph.shape(a), graph.shape(n)[1]
-    chunks = split_chunks(m, k, cols)
+    parallel = target.parallel_fragments is not None
+    chunks = 1 if parallel else split_chunks(m, k, cols)
     form, a_form, fused = "b", "a", []
     # Only the transpose of a stored W (x @ W.T of a Linear layer) may be fused, and a reshape of a
     # stored A in the same texel order (a Linear over (B, T, C), a Flatten before a Linear).
@@ -188,7 +191,7 @@ def choose_tiling(
         fused.append(a)
         a = src
     # A the transpose of a stored X (a weight gradient's x.T): read by X's rows, 4 rows of A a
-    # texel; not split over K (split blocks are one row).
+    # texel; on CPU rasterizers not split over K (their split blocks are one row).
     view = get_op(graph.op(a)).view
     if src is None and a in kernel.body and view is not None and view(graph.attrs(a)) == "transpose":
         if chunks > 1:
@@ -200,6 +203,8 @@ def choose_tiling(
         return None
     if not (_stored(a, kernel, layouts) and _stored(b, kernel, layouts)):
         return None
+    if parallel:
+        return _parallel_tiling(n, a, b, form, a_form, m, k, cols, target, extra_draws)
     if chunks > 1:
         return Tiling(n, a, b, form, 1, 1, m, k, cols, chunks)
     rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
@@ -218,6 +223,56 @@ def choose_tiling(
     if best is None or best[0] >= today:
         return None
     return Tiling(n, a, b, form, best[1], best[2], m, k, cols, a_form=a_form)
+
+
+def _parallel_tiling(
+    n: int,
+    a: int,
+    b: int,
+    form: str,
+    a_form: str,
+    m: int,
+    k: int,
+    cols: int,
+    target: Target,
+    extra_draws: int,
+) -> Tiling | None:
+    """The tiling of an (m, k) @ (k, cols) product on a target that names the fragments a draw
+    needs (`Target.parallel_fragments`): every block shape that fits its draw buffers, each with K
+    unsplit or split into S chunks (a power of two dividing K / 4; the gather adds the S partial
+    products), costed as fetches times `cost.occupancy` of the draw's fragments, plus the blocked
+    draws; None when the one-texel kernel costs least."""
+    rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
+    out = m * rt
+    best: tuple[float, int, int, int] | None = None
+    today = cost.fetches(out * k4 * fetches_per_texel(1, 1)) * cost.occupancy(out, target)
+    for r, c in (*SPLIT_SHAPES, *SHAPES):
+        fw, fh = -(-rt // c), -(-m // r)
+        if r * c > target.max_draw_buffers or (a_form == "t" and r % 4):
+            continue
+        s = 1
+        while True:
+            if s > 1 or (r, c) not in SPLIT_SHAPES:
+                if s * fw * fh > target.max_texture_size**2:
+                    break
+                block = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c))
+                block *= cost.occupancy(s * fw * fh, target)
+                gather = cost.fetches(out * (cost.GATHER_FETCHES if s == 1 else s + 1))
+                gather *= cost.occupancy(out, target)
+                work = block + gather + cost.draws(1 + extra_draws, blocked=True, target=target)
+                if best is None or work < best[0]:
+                    best = (work, r, c, s)
+            # Split further while the block draw is short of fragments and K divides (K % 4 == 0:
+            # each chunk whole texels), keeping at least LONG_STEPS // 16 steps a chunk.
+            if k % 4 or k4 % (2 * s) or s * fw * fh >= (target.parallel_fragments or 0):
+                break
+            if k4 // (2 * s) < LONG_STEPS // 16:
+                break
+            s *= 2
+    if best is None or best[0] >= today:
+        return None
+    _, r, c, s = best
+    return Tiling(n, a, b, form, r, c, m, k, cols, s, a_form=a_form)
 
 
 def _closure(graph: Graph, start: int, kernel: Kernel, stop: int | None) -> tuple[list[int], list[int]]:
