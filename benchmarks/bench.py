@@ -69,6 +69,34 @@ def _cnn() -> nn.Module:
     )
 
 
+def _vgg_layers(lib: Any) -> list[Any]:
+    """VGG-style CIFAR CNN, written once for glcomp.nn and torch.nn (`lib`): 3x32x32, conv 16, conv
+    16, maxpool 2, conv 32, conv 32, maxpool 2 (3x3, padding 1, ReLU after each conv), Linear
+    2048-64, ReLU, Linear 64-10. 148,442 parameters."""
+    layers: list[Any] = []
+    for c in ((3, 16), (16, 16), "pool", (16, 32), (32, 32), "pool"):
+        layers += [lib.MaxPool2d(2)] if c == "pool" else [lib.Conv2d(*c, 3, padding=1), lib.ReLU()]
+    return [*layers, lib.Flatten(), lib.Linear(32 * 8 * 8, 64), lib.ReLU(), lib.Linear(64, 10)]
+
+
+def _mobilenet_layers(lib: Any) -> list[Any]:
+    """MobileNet-style depthwise-separable CNN at a browser size, for glcomp.nn and torch.nn
+    (`lib`): 3x32x32, conv 3-16 3x3 stride 2 + BatchNorm + ReLU, then blocks of a depthwise 3x3
+    conv (groups = channels) + BatchNorm + ReLU and a pointwise 1x1 conv + BatchNorm + ReLU,
+    16-32 (stride 1), 32-64 (stride 2), 64-64 (stride 1), global average pool, Linear 64-10.
+    Convolutions without bias (BatchNorm follows each). 9,322 parameters (BatchNorm's running
+    statistics are buffers, not counted)."""
+
+    def bn_relu(c: int) -> list[Any]:
+        return [lib.BatchNorm2d(c), lib.ReLU()]
+
+    layers = [lib.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), *bn_relu(16)]
+    for cin, cout, stride in ((16, 32, 1), (32, 64, 2), (64, 64, 1)):
+        layers += [lib.Conv2d(cin, cin, 3, stride=stride, padding=1, groups=cin, bias=False), *bn_relu(cin)]
+        layers += [lib.Conv2d(cin, cout, 1, bias=False), *bn_relu(cout)]
+    return [*layers, lib.AdaptiveAvgPool2d(1), lib.Flatten(), lib.Linear(64, 10)]
+
+
 WORKLOADS = {
     "mlp": Workload(
         "mlp",
@@ -110,6 +138,24 @@ WORKLOADS = {
         lambda: LastStep(64, 256, 10),
         lambda: optim.Adam(lr=1e-3),
         (32, 32, 64),
+    ),
+    # Realistic CNNs (issue 25), not in the default run of bench_browser.py either: run them with
+    # --workloads vgg,mobilenet. In the browser on SwiftShader a step takes seconds.
+    "vgg": Workload(
+        "vgg",
+        "VGG-style 3x32x32; Conv 16,16, MaxPool 2, Conv 32,32, MaxPool 2 (3x3 pad 1, ReLU), "
+        "Linear 2048-64, ReLU, Linear 64-10; batch 32; Adam 1e-3",
+        lambda: nn.Sequential(*_vgg_layers(nn)),
+        lambda: optim.Adam(lr=1e-3),
+        (32, 3, 32, 32),
+    ),
+    "mobilenet": Workload(
+        "mobilenet",
+        "MobileNet-style 3x32x32; Conv 3-16 stride 2, depthwise-separable blocks 16-32, 32-64 "
+        "stride 2, 64-64 (BatchNorm, ReLU), global average pool, Linear 64-10; batch 32; Adam 1e-3",
+        lambda: nn.Sequential(*_mobilenet_layers(nn)),
+        lambda: optim.Adam(lr=1e-3),
+        (32, 3, 32, 32),
     ),
 }
 
@@ -200,11 +246,17 @@ def _torch_model(name: str) -> Any:
             tnn.Conv2d(3, 16, 5, stride=2, padding=2), tnn.ReLU(), tnn.Flatten(), tnn.Linear(4096, 10)
         ), lambda p: torch.optim.SGD(p, lr=0.01)
 
+    if name == "vgg":
+        return tnn.Sequential(*_vgg_layers(tnn)), lambda p: torch.optim.Adam(p, lr=1e-3)
+    if name == "mobilenet":
+        return tnn.Sequential(*_mobilenet_layers(tnn)), lambda p: torch.optim.Adam(p, lr=1e-3)
+    inputs, hidden = {"lstm": (32, 128), "lstm256": (64, 256)}[name]
+
     class TorchLastStep(tnn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.lstm = tnn.LSTM(32, 128, batch_first=True)
-            self.fc = tnn.Linear(128, 10)
+            self.lstm = tnn.LSTM(inputs, hidden, batch_first=True)
+            self.fc = tnn.Linear(hidden, 10)
 
         def forward(self, x: Any) -> Any:
             return self.fc(self.lstm(x)[0][:, -1])

@@ -1,4 +1,4 @@
-// The four workloads of benchmarks/bench.py in TensorFlow.js (layers API, WebGL backend), for
+// The workloads of benchmarks/bench.py in TensorFlow.js (layers API, WebGL backend), for
 // benchmarks/bench_browser.py --peers tfjs. Same layer shapes, optimizer and learning rate as the
 // glcomp models; weight initialisation is tfjs's own. Images are NHWC (tfjs's native layout) where
 // glcomp's are NCHW: the same number of values per batch, the same convolutions.
@@ -33,12 +33,70 @@ function lstmWorkload(batch, steps, inputs, units) {
   };
 }
 
+const adam = (tf) => tf.train.adam(1e-3, 0.9, 0.999, 1e-8);
+
+/** bench.py's vgg: VGG-style CIFAR CNN, 3x32x32 (NHWC here), conv 16, conv 16, maxpool 2, conv 32,
+ *  conv 32, maxpool 2 (3x3, "same" = torch's padding 1 at stride 1, ReLU after each conv), flatten,
+ *  Linear 2048-64, ReLU, Linear 64-10; batch 32, Adam 1e-3. Flatten reads NHWC where torch reads
+ *  NCHW: another order of the same 2048 values into the same Linear. */
+function vggModel(tf) {
+  const conv = (filters, first = false) =>
+    tf.layers.conv2d({
+      ...(first ? { inputShape: [32, 32, 3] } : {}), filters, kernelSize: 3, padding: "same", activation: "relu",
+    });
+  return tf.sequential({
+    layers: [
+      conv(16, true), conv(16), tf.layers.maxPooling2d({ poolSize: 2 }),
+      conv(32), conv(32), tf.layers.maxPooling2d({ poolSize: 2 }),
+      tf.layers.flatten(),
+      tf.layers.dense({ units: 64, activation: "relu" }),
+      tf.layers.dense({ units: 10 }),
+    ],
+  });
+}
+
+/** bench.py's mobilenet: conv 3-16 3x3 stride 2 + BatchNorm + ReLU, then depthwise-separable
+ *  blocks (depthwiseConv2d 3x3, depth multiplier 1 = torch's groups = channels, + BatchNorm + ReLU;
+ *  pointwise conv 1x1 + BatchNorm + ReLU) 16-32 (stride 1), 32-64 (stride 2), 64-64 (stride 1),
+ *  global average pool, Linear 64-10; batch 32, Adam 1e-3; convolutions without bias, as in
+ *  bench.py. "same" padding at stride 2 pads 0 before and 1 after where torch's padding 1 pads 1
+ *  and 1: the same output sizes (16x16, 8x8) and FLOPs.
+ *
+ *  BatchNorm in training mode: both normalise with the batch mean and biased batch variance over
+ *  N, H, W, then scale and shift per channel (gamma, beta: the only trainable BatchNorm weights).
+ *  Given momentum 0.9 and epsilon 1e-5 here to match torch's momentum 0.1 and eps 1e-5 (tfjs's
+ *  defaults are 0.99 and 1e-3: tfjs's momentum is the weight of the old value, torch's of the
+ *  batch's). One difference remains, in the running statistics only (unused by a train step):
+ *  torch's running variance averages the unbiased batch variance, tfjs's moving variance the
+ *  biased one. */
+function mobilenetModel(tf) {
+  const bnRelu = () => [tf.layers.batchNormalization({ momentum: 0.9, epsilon: 1e-5 }), tf.layers.reLU()];
+  const layers = [
+    tf.layers.conv2d({ inputShape: [32, 32, 3], filters: 16, kernelSize: 3, strides: 2, padding: "same", useBias: false }),
+    ...bnRelu(),
+  ];
+  for (const [filters, strides] of [[32, 1], [64, 2], [64, 1]]) {
+    layers.push(
+      tf.layers.depthwiseConv2d({ kernelSize: 3, strides, padding: "same", depthMultiplier: 1, useBias: false }),
+      ...bnRelu(),
+      tf.layers.conv2d({ filters, kernelSize: 1, useBias: false }),
+      ...bnRelu(),
+    );
+  }
+  layers.push(tf.layers.globalAveragePooling2d({}), tf.layers.dense({ units: 10 }));
+  return tf.sequential({ layers });
+}
+
+// `params`: the trainable parameter count of the glcomp (and torch) model, which `bench` checks the
+// tfjs model against. The LSTMs have none: tfjs's LSTM has one bias per gate where torch's has two
+// (4 * units fewer parameters, the same FLOPs up to those additions).
 const WORKLOADS = {
   // Linear 64-128-64-10, ReLU; batch 64; SGD lr 0.1
   mlp: {
     torchShape: [64, 64],
     xShape: [64, 64],
     classes: 10,
+    params: 17226,
     model: (tf) =>
       tf.sequential({
         layers: [
@@ -54,6 +112,7 @@ const WORKLOADS = {
     torchShape: [64, 1, 8, 8],
     xShape: [64, 8, 8, 1],
     classes: 10,
+    params: 6090,
     model: (tf) =>
       tf.sequential({
         layers: [
@@ -73,6 +132,7 @@ const WORKLOADS = {
     torchShape: [16, 3, 32, 32],
     xShape: [16, 32, 32, 3],
     classes: 10,
+    params: 42186,
     model: (tf) =>
       tf.sequential({
         layers: [
@@ -89,11 +149,54 @@ const WORKLOADS = {
   lstm: lstmWorkload(32, 10, 32, 128),
   // LSTM(64, 256) over 32 steps, last output, Linear 256-10; batch 32; Adam 1e-3.
   lstm256: lstmWorkload(32, 32, 64, 256),
+  // Realistic CNNs (issue 25).
+  vgg: {
+    torchShape: [32, 3, 32, 32], xShape: [32, 32, 32, 3], classes: 10, params: 148442, model: vggModel, optimizer: adam,
+  },
+  mobilenet: {
+    torchShape: [32, 3, 32, 32], xShape: [32, 32, 32, 3], classes: 10, params: 9322, model: mobilenetModel,
+    optimizer: adam,
+  },
 };
 
 export const NAMES = Object.keys(WORKLOADS);
 
 const product = (shape) => shape.reduce((a, b) => a * b, 1);
+
+const count = (weights) => weights.reduce((n, v) => n + product(v.shape), 0);
+
+/** The trainable parameter count of workload `name`'s tfjs `model`; throws when it differs from
+ *  the workload's `params` (bench.py's model). */
+function checkParams(name, model) {
+  const expected = WORKLOADS[name].params;
+  const params = count(model.trainableWeights);
+  if (expected !== undefined && params !== expected) {
+    throw new Error(`tfjs peer: ${name} has ${params} trainable parameters, bench.py's model ${expected}`);
+  }
+  return params;
+}
+
+/** Workload `name`'s tfjs model, layer by layer: {params (trainable), layers: [{className,
+ *  outputShape (NHWC, no batch), params (trainable), kernel (the kernel's weight count)}]}, for
+ *  tests/benchmarks/test_bench_workloads.py, which compares it with the torch twin's. Throws when
+ *  the trainable count differs from the workload's `params`. */
+export function describe(tf, name) {
+  const w = WORKLOADS[name];
+  if (!w) throw new Error(`tfjs peer: unknown workload ${name}; known: ${NAMES.join(", ")}`);
+  const model = w.model(tf);
+  try {
+    const params = checkParams(name, model);
+    const layers = model.layers.map((layer) => ({
+      className: layer.getClassName(),
+      outputShape: layer.outputShape.slice(1),
+      params: count(layer.trainableWeights),
+      kernel: count(layer.trainableWeights.filter((v) => /kernel/.test(v.originalName))),
+    }));
+    return { params, layers };
+  } finally {
+    model.dispose();
+  }
+}
 
 /** Train workload `arg.name` on one fixed batch and time it.
  *  arg: {name, shape (bench.py's torch shape), x: number[], y: number[], warmup, steps, readback}.
@@ -125,6 +228,7 @@ export async function bench(tf, arg) {
 
   t0 = performance.now();
   const model = w.model(tf);
+  checkParams(arg.name, model);
   const optimizer = w.optimizer(tf);
   const vars = model.trainableWeights.map((v) => v.read());
   const step = async () => {

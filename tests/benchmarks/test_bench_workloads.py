@@ -1,0 +1,139 @@
+"""The realistic CNN workloads of benchmarks/bench.py (vgg, mobilenet) and their twins: the glcomp
+model, the torch model of ``--runtimes torch`` and the TensorFlow.js model of benchmarks/bench_browser.py
+``--peers tfjs`` (benchmarks/peers/tfjs_workloads.js) have the same trainable parameters, and torch's
+and tfjs's the same weight layers, layer by layer: output shape (NCHW against NHWC), parameters and
+kernel size, hence the same multiply-adds. No model is compiled or trained (bench.py's CLI does that);
+the tfjs check runs Node.js on tfjs's CPU backend and is skipped where node or tfjs (``cd
+benchmarks/peers && npm ci``) is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+PEERS = BENCHMARKS / "peers"
+# Trainable parameters (BatchNorm's running statistics are buffers, not counted).
+PARAMS = {"mlp": 17226, "cnn": 6090, "conv_seed": 42186, "vgg": 148442, "mobilenet": 9322}
+REALISTIC = ("vgg", "mobilenet")
+
+
+def _bench() -> Any:
+    if "_glcomp_bench" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_glcomp_bench", BENCHMARKS / "bench.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["_glcomp_bench"]
+
+
+def _torch_layers(name: str) -> list[dict[str, Any]]:
+    """The torch twin's modules with parameters, in order: output shape without the batch (channels
+    last, as tfjs reports it), trainable parameters and the kernel's weight count."""
+    torch = pytest.importorskip("torch")
+    model, _ = _bench()._torch_model(name)
+    rows: list[dict[str, Any]] = []
+
+    def hook(module: Any, _inputs: Any, out: Any) -> None:
+        shape = list(out.shape[1:])
+        if len(shape) == 3:  # C, H, W -> H, W, C
+            shape = shape[1:] + shape[:1]
+        weight = getattr(module, "weight", None)
+        is_kernel = weight is not None and not isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+        rows.append(
+            {
+                "outputShape": shape,
+                "params": sum(p.numel() for p in module.parameters(recurse=False)),
+                "kernel": weight.numel() if is_kernel else 0,
+            }
+        )
+
+    for module in model.modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            module.register_forward_hook(hook)
+    with torch.no_grad():
+        model(torch.zeros(_bench().WORKLOADS[name].x_shape))
+    return rows
+
+
+def _macs(layers: list[dict[str, Any]]) -> int:
+    """Forward multiply-adds of the convolutions and Linear layers: every output position (the
+    output shape without its channels) uses every weight of the kernel once."""
+    return sum(math.prod(r["outputShape"][:-1]) * r["kernel"] for r in layers)
+
+
+@pytest.mark.parametrize("name", REALISTIC)
+def test_glcomp_and_torch_models_have_the_same_parameters(name: str) -> None:
+    w = _bench().WORKLOADS[name]
+    ours = [tuple(p.shape) for p in w.model().parameters()]
+    assert sum(math.prod(s) for s in ours) == PARAMS[name]
+    torch = pytest.importorskip("torch")
+    model, _ = _bench()._torch_model(name)
+    assert ours == [tuple(p.shape) for p in model.parameters()]
+    assert model(torch.zeros(w.x_shape)).shape == (w.x_shape[0], w.classes)
+
+
+def test_realistic_workloads_are_named_in_the_cli() -> None:
+    bench = _bench()
+    assert all(n in bench.WORKLOADS for n in REALISTIC)
+    assert bench.WORKLOADS["vgg"].x_shape == bench.WORKLOADS["mobilenet"].x_shape == (32, 3, 32, 32)
+    # bench.py's torch twin of each LSTM workload has that workload's sizes.
+    for name in ("lstm", "lstm256"):
+        ours = sum(int(np.prod(p.shape)) for p in bench.WORKLOADS[name].model().parameters())
+        if importlib.util.find_spec("torch") is not None:
+            model, _ = bench._torch_model(name)
+            assert sum(p.numel() for p in model.parameters()) == ours
+
+
+def _tfjs_describe(names: tuple[str, ...]) -> dict[str, Any]:
+    node = shutil.which("node")
+    if node is None or not (PEERS / "node_modules" / "@tensorflow" / "tfjs").is_dir():
+        pytest.skip("node or tfjs (cd benchmarks/peers && npm ci) is not installed")
+    # tfjs_workloads.js is an ES module with no imports of its own: loaded from its source as a
+    # data: URL, tfjs itself resolved from benchmarks/peers.
+    script = (
+        'import * as tf from "@tensorflow/tfjs";\n'
+        'import { readFileSync } from "node:fs";\n'
+        'const src = readFileSync("tfjs_workloads.js", "utf8");\n'
+        'const m = await import("data:text/javascript," + encodeURIComponent(src));\n'
+        'tf.setBackend("cpu");\n'
+        f"const names = {json.dumps(list(names))};\n"
+        "const out = Object.fromEntries(names.map((n) => [n, m.describe(tf, n)]));\n"
+        'console.log("@@" + JSON.stringify(out));\n'
+    )
+    done = subprocess.run(
+        [node, "--input-type=module", "-e", script],
+        cwd=PEERS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("@@"))
+    return json.loads(line[2:])
+
+
+def test_tfjs_twins_match_torch_layer_by_layer() -> None:
+    names = ("mlp", "cnn", "conv_seed", *REALISTIC)
+    described = _tfjs_describe(names)
+    for name in names:
+        tfjs = described[name]
+        assert tfjs["params"] == PARAMS[name], name
+        weighted = [
+            {k: r[k] for k in ("outputShape", "params", "kernel")} for r in tfjs["layers"] if r["params"]
+        ]
+        torch_layers = _torch_layers(name)
+        assert weighted == torch_layers, name
+        assert _macs(weighted) == _macs(torch_layers)
+    kinds = [r["className"] for r in described["mobilenet"]["layers"] if r["params"]]
+    assert kinds.count("DepthwiseConv2D") == 3 and kinds.count("BatchNormalization") == 7
