@@ -88,7 +88,7 @@ def examples() -> Iterator[tuple[str, Callable[[], glcomp.Program]]]:
 
 def op_programs() -> Iterator[tuple[str, Callable[[], glcomp.Program]]]:
     from hypothesis import HealthCheck, given, seed, settings
-    from test_op_facts import OpModel
+    from ir.test_op_facts import OpModel
 
     from glcomp.ir.ops import REGISTRY
     from glcomp.testing import op_cases
@@ -119,7 +119,7 @@ def op_programs() -> Iterator[tuple[str, Callable[[], glcomp.Program]]]:
 
 def fuzz_models(count: int) -> Iterator[tuple[str, Callable[[], glcomp.Program]]]:
     from hypothesis import HealthCheck, given, seed, settings
-    from test_fuzz_gl import specs
+    from codegen.test_fuzz_gl import specs
 
     drawn: list[Any] = []
 

@@ -46,6 +46,10 @@ class ConvTexel:
     C: int = 0
     O: int = 0  # noqa: E741 (the template's name for the output channels)
     n0: int = 0
+    # Stride-2 input gradients (`strided_columns`): per tap column kj, per output column c of the
+    # texel, None where the tap does not land there, else (d, component) in g's row for an output
+    # texel of even and of odd index, d counted from `dmin`.
+    cols: tuple[tuple[tuple[int, int, int, int] | None, ...], ...] = ()
 
 
 def window_spec(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -94,12 +98,43 @@ def input_grad_root4(r: RenderContext, n: int) -> ConvTexel | None:
     gs, w = g.operands(n)
     pw, kw = g.attrs(n)["padding"][1], g.shape(w)[3]
     g_tex = r.texture(gs)
-    if tuple(g.attrs(n)["stride"]) != (1, 1) or g_tex is None:
+    stride = tuple(g.attrs(n)["stride"])
+    if stride[1] not in (1, 2) or (stride[1] == 1 and stride[0] != 1) or g_tex is None:
         return None
-    dmin, dmax = (pw - kw + 1) // 4, (pw + 3) // 4  # texels of g's row around column x0 // 4
     head = r.root4_head(n)
     cg = g.shape(w)[1]  # the input channels of one group (all of them when not grouped)
+    if stride[1] == 2:
+        dmin, cols = strided_columns(pw, kw)
+        texels = 1 + max(d for col in cols for pick in col if pick is not None for d in (pick[0], pick[2]))
+        return ConvTexel(**head, g_tex=g_tex, w_tex=r.texture(w), C=cg, dmin=dmin, D=texels, cols=cols)
+    dmin, dmax = (pw - kw + 1) // 4, (pw + 3) // 4  # texels of g's row around column x0 // 4
     return ConvTexel(**head, g_tex=g_tex, w_tex=r.texture(w), C=cg, dmin=dmin, D=dmax - dmin + 1)
+
+
+def strided_columns(pw: int, kw: int) -> tuple[int, tuple[tuple[tuple[int, int, int, int] | None, ...], ...]]:
+    """Where the taps of a stride-2 input gradient read g's row for the four output columns
+    x0 + c of texel t = x0 / 4: tap kj lands on column x0 + c when x0 + c + pw - kj is even (a
+    parity fixed by c and kj, x0 being a multiple of 4), at g's column 2t + e, e = (c + pw - kj)
+    / 2; with t = 2b + p that is texel b + (2p + e) // 4, component (2p + e) % 4 of g's row,
+    so the texels and components depend on t's parity p only. Returns (dmin, cols): the first
+    texel relative to b, and per kj and c None (the tap misses) or (d, component) for p = 0 and
+    p = 1, d relative to dmin."""
+    picks: list[list[tuple[int, int, int, int] | None]] = []
+    for kj in range(kw):
+        row: list[tuple[int, int, int, int] | None] = []
+        for c in range(4):
+            u = c + pw - kj
+            if u % 2:
+                row.append(None)
+                continue
+            e = u // 2
+            row.append(((e // 4), e % 4, (2 + e) // 4, (2 + e) % 4))
+        picks.append(row)
+    dmin = min(d for row in picks for pick in row if pick is not None for d in (pick[0], pick[2]))
+    cols = tuple(
+        tuple(None if k is None else (k[0] - dmin, k[1], k[2] - dmin, k[3]) for k in row) for row in picks
+    )
+    return dmin, cols
 
 
 # -- conv2d_weight_grad: adjoint in w --------------------------------------------------------------
