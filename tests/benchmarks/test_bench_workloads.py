@@ -3,8 +3,8 @@ model, the torch model of ``--runtimes torch`` and the TensorFlow.js model of be
 ``--peers tfjs`` (benchmarks/peers/tfjs_workloads.js) have the same trainable parameters, and torch's
 and tfjs's the same weight layers, layer by layer: output shape (NCHW against NHWC), parameters and
 kernel size, hence the same multiply-adds. No model is compiled or trained (bench.py's CLI does that);
-the tfjs check runs Node.js on tfjs's CPU backend and is skipped where node or tfjs (``cd
-benchmarks/peers && npm ci``) is missing."""
+the tfjs check runs Node.js on tfjs's CPU backend, with ``--slow`` (it needs ``cd benchmarks/peers
+&& npm ci``, which the default test run does not install; without them it fails)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_realistic_workloads_are_named_in_the_cli() -> None:
 def _tfjs_describe(names: tuple[str, ...]) -> dict[str, Any]:
     node = shutil.which("node")
     if node is None or not (PEERS / "node_modules" / "@tensorflow" / "tfjs").is_dir():
-        pytest.skip("node or tfjs (cd benchmarks/peers && npm ci) is not installed")
+        pytest.fail("node or tfjs is not installed: cd benchmarks/peers && npm ci (a --slow test)")
     # tfjs_workloads.js is an ES module with no imports of its own: loaded from its source as a
     # data: URL, tfjs itself resolved from benchmarks/peers.
     script = (
@@ -123,6 +123,7 @@ def _tfjs_describe(names: tuple[str, ...]) -> dict[str, Any]:
     return json.loads(line[2:])
 
 
+@pytest.mark.slow_only
 def test_tfjs_twins_match_torch_layer_by_layer() -> None:
     names = ("mlp", "cnn", "conv_seed", *REALISTIC)
     described = _tfjs_describe(names)
