@@ -39,10 +39,9 @@ MAX_GRAPH_ELEMENTS = 1 << 29
 
 
 def _is_number(v: Any) -> bool:
-    """A finite int or float (not a bool, a string or a list), or a nested list of them."""
-    if isinstance(v, list):
-        return all(_is_number(x) for x in v)
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """An int or float that is not NaN (not a bool, a string or a list): infinities are
+    constants too (a causal mask's -inf, which the shaders spell -3.0e38)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
 
 
 __all__ = ["ENTRY_POINTS", "PROGRAM_FORMAT", "InputSpec", "Program"]  # InputSpec: glcomp.ir.program's
@@ -58,13 +57,17 @@ class _Lowering:
         self.options: Any = None
         self.key: Any = None
         self.bundle: Any = None
+        # A loaded bundle whose program.json is not yet known to describe its shaders (see
+        # Program.check_agreement); None once checked, or for a bundle compiled here.
+        self.unchecked: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"key": self.key, "bundle": self.bundle}
+        return {"key": self.key, "bundle": self.bundle, "unchecked": self.unchecked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
         self.key, self.bundle = state["key"], state["bundle"]
+        self.unchecked = state.get("unchecked")
 
 
 def _options_key(options: dict[str, Any]) -> str:
@@ -197,12 +200,38 @@ class Program:
                     "this program was loaded from a bundle without IR graphs (no program.json); "
                     "only runtime('gl') can run it"
                 )
+            self.check_agreement()
             return self._bound(ReferenceRuntime(self, evaluate, names=program_tensor_nodes, **options))
         if kind == "gl":
             from glcomp.runtime.gl import GLRuntime
 
             return self._bound(GLRuntime(self.bundle(), **options))
         raise GlcompError(f"unknown runtime {kind!r}; use 'reference' or 'gl'")
+
+    def check_agreement(self) -> None:
+        """For a program loaded from a bundle: raise GlcompError naming program.json and the first
+        kernel that differs unless program.json's graphs, lowered under its compile options and
+        target, give exactly the bundle's shaders and draws, so the reference runtime (which runs
+        the graphs) computes what GL (which runs the shaders) does. Lazy and done once per loaded
+        bundle (copies share it): the reference runtime calls it; `glcomp.load` itself and the GL
+        runtime never run the code generator. Nothing to check for a compiled program, whose
+        bundle is lowered from its graphs, or once the graphs or options were replaced."""
+        cache = self._cache
+        loaded = cache.unchecked
+        if loaded is None or cache.bundle is not loaded or cache.key != self._lowering_key():
+            return
+        from glcomp.codegen.bundle import lower
+        from glcomp.format.agreement import disagreement
+
+        generated = lower(self.ir, self.compile_options)
+        fault = disagreement(loaded.manifest, loaded.shaders, generated.manifest, generated.shaders)
+        if fault is not None:
+            raise GlcompError(
+                f"bundle program.json: does not describe the computation of {SHADERS_FILE}: {fault} "
+                "(program.json was edited, or the bundle was compiled by another version of glcomp; "
+                "runtime('gl') still runs its shaders)"
+            )
+        cache.unchecked = None
 
     def _bound(self, runtime: Runtime) -> Runtime:
         if self.optimizer is not None:
@@ -289,6 +318,7 @@ class Program:
             program = cls._from_manifest(bundle, roles)
         else:
             program = cls._from_program_json(bundle, data, roles)
+            program._cache.unchecked = bundle  # see check_agreement
         program._cache.bundle, program._cache.key = bundle, program._lowering_key()
         return program
 

@@ -1,7 +1,8 @@
 """The bundle format, shared by the code generator and every runtime (it imports no part of
 either): `Bundle` and the format's version (format.bundle), reading and writing bundle
 directories (format.store), the manifest's JSON Schema and validation (format.manifest), the
-program.json schema and checks (format.program), untrusted shaders (format.shaders), JSON and
+program.json schema and checks (format.program), whether program.json describes the shaders
+(format.agreement), untrusted shaders (format.shaders), JSON and
 safetensors parsing (format.parse), the packing rule (format.packing) and the small JSON Schema
 interpreter that both this package and the browser runtime use (format.jsonschema). See
 docs/bundle-format.md."""

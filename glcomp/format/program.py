@@ -4,11 +4,13 @@ it to the manifest and the weights.
 `check_program` validates untrusted program.json data: first the format and version, then the
 structure against the schema (with the interpreter of glcomp/format/jsonschema.py), then in code
 what the schema cannot say: the input specs agree with the manifest's inputs, the state order
-lists exactly the manifest's states and counters, trainable names are parameters, and the graphs
-are the manifest's entries. What needs the IR (each graph's nodes, shapes against the state,
-outputs against the manifest) is checked by `glcomp.Program.from_bundle` on the graphs
-`Graph.from_json` rebuilds. Every fault is a GlcompError starting ``bundle program.json:``.
-This module imports nothing of glcomp but its errors and the format.
+lists exactly the manifest's states and counters, trainable names are parameters, the graphs
+are the manifest's entries and every constant is a number. What needs the IR (each graph's
+nodes, shapes against the state, outputs against the manifest) is checked by
+`glcomp.Program.from_bundle` on the graphs `Graph.from_json` rebuilds; whether the graphs
+compute what the shaders do, by `glcomp.Program.check_agreement` (glcomp.format.agreement).
+Every fault is a GlcompError starting ``bundle program.json:``. This module imports nothing of
+glcomp but its errors and the format.
 """
 
 from __future__ import annotations
@@ -41,6 +43,30 @@ def _validator() -> Validator:
     return Validator(program_schema(), "program.json", root="program")
 
 
+def _numeric(value: Any) -> bool:
+    """A constant's value as Graph.to_json writes it: a number (not a bool), or an infinity as
+    ``{"float": "inf"}`` / ``{"float": "-inf"}`` (a causal mask's); not NaN, not a string (a
+    ``"1.0"`` would reach the reference interpreter as text), not a list (constants are scalars)."""
+    if isinstance(value, dict):
+        return set(value) == {"float"} and value["float"] in ("inf", "-inf")
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_constants(graphs: dict[str, Any]) -> None:
+    """Every ``const`` node of every graph holds a numeric value (GlcompError naming the node)."""
+    for entry, graph in graphs.items():
+        for i, node in enumerate(graph["nodes"]):
+            if not isinstance(node, dict) or node.get("op") != "const":
+                continue  # the node's other fields are Graph.from_json's to check
+            attrs = node.get("attrs")
+            value = attrs.get("value") if isinstance(attrs, dict) else None
+            _need(
+                _numeric(value),
+                f"graphs.{entry}: node {short(node.get('id'))} (nodes[{i}]) is a constant of value "
+                f"{short(value)}, not a number",
+            )
+
+
 def _need(cond: bool, msg: str) -> None:
     if not cond:
         raise GlcompError(f"{WHERE}: {msg}")
@@ -57,6 +83,7 @@ def check_program(data: Any, manifest: dict[str, Any]) -> None:
         f"unknown version {short(version)} (supported: {', '.join(map(str, PROGRAM_VERSIONS))})",
     )
     _validator().validate(data)
+    _check_constants(data["graphs"])
     specs = [(f"inputs[{i}]", s) for i, s in enumerate(data["inputs"])]
     if data["target"] is not None:
         specs.append(("target", data["target"]))

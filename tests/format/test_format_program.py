@@ -63,7 +63,7 @@ def _listed(p: dict[str, Any]) -> None:
     [
         (_shifted, r"graphs\.\w+: node \d+ is the constant 0\.2578125, which no shader of the bundle holds"),
         (_negated, r"node \d+ is the constant -7\.75, which no shader of the bundle holds"),
-        (_listed, r"is a constant of value \(0\.25, 0\.25\), not a number"),
+        (_listed, r"node \d+ \(nodes\[\d+\]\) is a constant of value \[0\.25, 0\.25\], not a number"),
     ],
 )
 def test_constants_that_disagree_with_the_shaders_are_refused(
