@@ -118,8 +118,8 @@ def op_programs() -> Iterator[tuple[str, Callable[[], glcomp.Program]]]:
 
 
 def fuzz_models(count: int) -> Iterator[tuple[str, Callable[[], glcomp.Program]]]:
-    from hypothesis import HealthCheck, given, seed, settings
     from codegen.test_fuzz_gl import specs
+    from hypothesis import HealthCheck, given, seed, settings
 
     drawn: list[Any] = []
 
