@@ -160,6 +160,10 @@ export class Runtime {
   getWeights(options?: { optimizer?: boolean }): Record<string, { shape: number[]; dtype: DType; data: Float32Array | number[] }>;
   /** Load parameters, buffers and counters (all of them, shapes checked, finite). */
   setWeights(state: Record<string, { shape?: number[]; data: ArrayLike<number> } | ArrayLike<number>>): void;
+  /** The inputs carried across batches (glcomp.compile's `carry=`; [] without it). */
+  readonly carriedState: string[];
+  /** Zero the carried state: all of it, or the named inputs (GlcompError for any other name). */
+  resetState(names?: string | string[]): void;
   /** The weights as a safetensors file (torch names; `optimizer` adds the optimizer state). */
   exportSafetensors(options?: { optimizer?: boolean }): ArrayBuffer;
   /** Save everything that training changes in IndexedDB under `key`. */
@@ -240,6 +244,10 @@ export class WorkerRuntime {
   setLr(lr: number): Promise<void>;
   getWeights(options?: { optimizer?: boolean }): Promise<Record<string, { shape: number[]; dtype: DType; data: Float32Array | BigInt64Array }>>;
   setWeights(state: Record<string, { shape?: number[]; data: ArrayLike<number> } | ArrayLike<number>> | ArrayBuffer): Promise<void>;
+  /** The inputs carried across batches (Runtime.carriedState). */
+  readonly carriedState: string[];
+  /** Zero the carried state in the worker: all of it, or the named inputs. */
+  resetState(names?: string | string[]): Promise<void>;
   exportSafetensors(options?: { optimizer?: boolean }): Promise<ArrayBuffer>;
   snapshot(): Promise<number>;
   liveObjects(): Promise<Record<string, number>>;

@@ -466,6 +466,7 @@ async function loadOnce(source, options, seen, fresh) {
     if (isCounter) counters[k] = Number(t.data[0]);
     else weights[k] = values;
   }
+  let carried = []; // the inputs carried across batches (program.json's options.carry)
   if (isObj(manifest.files)) {
     // Checked last, so a damaged file is reported by what is wrong with it where that is known.
     const check = async (path, bytes) => {
@@ -479,16 +480,36 @@ async function loadOnce(source, options, seen, fresh) {
       const bytes = await programBuf();
       if (bytes === null) throw new GlcompError(`bundle: ${label(PROGRAM_FILE)} is missing`);
       await check(PROGRAM_FILE, bytes);
-      if (!isObj(parseJson(bytes, PROGRAM_FILE))) throw new GlcompError(`bundle ${PROGRAM_FILE}: must be an object`);
+      const program = parseJson(bytes, PROGRAM_FILE);
+      if (!isObj(program)) throw new GlcompError(`bundle ${PROGRAM_FILE}: must be an object`);
+      carried = carriedNames(program, manifest);
     }
     await check("weights.safetensors", weightsBytes);
     if (packedBytes !== null) await check(SHADERS_FILE, packedBytes);
     else for (const [name, text] of Object.entries(shaders)) await check(`shaders/${name}`, new TextEncoder().encode(text));
     delete manifest.files;
   }
-  return { manifest, shaders, weights, counters };
+  return { manifest, shaders, weights, counters, carried };
 }
 
+
+/** The inputs a bundle carries across batches (glcomp.compile's `carry=`): the keys of
+ *  program.json's `options.carry`, as glcomp/runtime/feeds.py carried_names reads them, each a
+ *  float buffer of the manifest (train_step, and predict with carry_predict, write it). */
+function carriedNames(program, manifest) {
+  const options = isObj(program.options) ? program.options : null;
+  const carry = options && Object.hasOwn(options, "carry") ? options.carry : null;
+  if (carry === null || carry === undefined) return [];
+  if (!isObj(carry)) throw new GlcompError(`bundle ${PROGRAM_FILE}: options.carry must be an object of input name -> result`);
+  const names = Object.keys(carry);
+  for (const name of names) {
+    const st = Object.hasOwn(manifest.states, name) ? manifest.states[name] : null;
+    if (st === null || st.role !== "buffer") {
+      throw new GlcompError(`bundle ${PROGRAM_FILE}: options.carry names ${repr(name)}, which is not a buffer of manifest.json`);
+    }
+  }
+  return names;
+}
 
 /** Offer `bytes` to the user as a file named `filename` (a browser download). */
 export function downloadBytes(bytes, filename) {

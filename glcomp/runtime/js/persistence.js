@@ -1,6 +1,7 @@
 // The Runtime's persistence (a part of the Runtime class of runtime.js, which copies these
 // methods onto its prototype): the weights read and written (getWeights, setWeights,
-// exportSafetensors, the checks of _loadAll shared with the worker), the snapshots of the whole
+// exportSafetensors, the checks of _loadAll shared with the worker, resetState for the state
+// carried across batches), the snapshots of the whole
 // state that restore() brings back after a context loss (snapshot, keptState, keptSteps), and
 // saving to and loading from IndexedDB.
 import { parseSafetensors, writeSafetensors } from "./format/parse.js";
@@ -122,6 +123,38 @@ export class PersistenceMethods {
     if (state instanceof ArrayBuffer || ArrayBuffer.isView(state)) state = parseSafetensors(state, "weights");
     if (!isObj(state)) throw new GlcompError("setWeights: expected an object of name -> array");
     this._loadAll(state, this._weightShapes(false), "runtime");
+  }
+
+  /** The inputs carried across batches (glcomp.compile's `carry=`, kept in program.json's
+   *  options): train_step, and predict compiled with carry_predict, write them. */
+  get carriedState() {
+    return [...(this.bundle.carried ?? [])];
+  }
+
+  /** Zero the state carried across batches, as Python's rt.reset_state(): every carried input,
+   *  or those `names` gives (one name or an array of them); a GlcompError naming any other name
+   *  (nothing is reset then). restore() after a context loss brings the zeros back too. */
+  resetState(names) {
+    this._alive();
+    const known = this.carriedState;
+    let chosen;
+    if (names === undefined || names === null) chosen = known;
+    else if (typeof names === "string") chosen = [names];
+    else if (Array.isArray(names) && names.every((n) => typeof n === "string")) chosen = [...names];
+    else throw new GlcompError(`resetState: expected a name or an array of names, got ${repr(names)}`);
+    const carried = new Set(known);
+    const unknown = chosen.filter((n) => !carried.has(n));
+    if (unknown.length) {
+      throw new GlcompError(`resetState: ${fmtList(unknown)} are not carried state; the carried inputs are `
+        + `${fmtList(known)} (glcomp.compile's carry=)`);
+    }
+    const kept = Object.assign(Object.create(null), this._kept.weights);
+    for (const name of chosen) {
+      const size = prod(this.manifest.states[name].layout.shape);
+      this._uploadState(name, new Float32Array(size));
+      kept[name] = new Float32Array(size);
+    }
+    this._kept = { ...this._kept, weights: kept };
   }
 
   /** The weights as a safetensors file (float32 tensors, int64 counters). With `optimizer`,

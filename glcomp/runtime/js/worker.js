@@ -63,9 +63,10 @@ export class WorkerRuntime {
     const opts = Object.fromEntries(Object.entries(options).filter(([k, v]) => typeof v !== "function"
       && !["canvas", "worker", "workerUrl"].includes(k)));
     try {
-      const { info, manifest } = await rt._call("load", [source, opts]);
+      const { info, manifest, carried } = await rt._call("load", [source, opts]);
       rt._info = info;
       rt.manifest = manifest;
+      rt._carried = carried;
     } catch (err) {
       rt._worker.terminate();
       throw err;
@@ -170,6 +171,14 @@ export class WorkerRuntime {
   setWeights(state) {
     return this._call("setWeights", [state]);
   }
+  /** The inputs carried across batches (Runtime.carriedState). */
+  get carriedState() {
+    return [...(this._carried ?? [])];
+  }
+  /** Zero the state carried across batches (all of it, or `names`); see Runtime.resetState. */
+  resetState(names) {
+    return this._call("resetState", [names ?? null]); // null: every carried input
+  }
   exportSafetensors(options = {}) {
     return this._call("exportSafetensors", [options]);
   }
@@ -243,7 +252,7 @@ function serveWorker(scope) {
         throw err;
       }
       rt = await Runtime.load(source, opts);
-      return { info: rt.info(), manifest: rt.manifest };
+      return { info: rt.info(), manifest: rt.manifest, carried: rt.carriedState };
     },
     trainStep: (inputs) => rt.trainStep(inputs),
     predict: (inputs) => rt.predict(inputs),
@@ -268,6 +277,7 @@ function serveWorker(scope) {
     setLr: (lr) => rt.setLr(lr),
     getWeights: (options) => rt.getWeights(options),
     setWeights: (state) => rt.setWeights(state),
+    resetState: (names) => rt.resetState(names),
     exportSafetensors: (options) => rt.exportSafetensors(options),
     snapshot: () => rt.snapshot(),
     liveObjects: () => rt.liveObjects(),
