@@ -398,3 +398,61 @@ def test_products_over_texel_views_read_the_product_rows(shape: tuple[int, int],
         grads, want = gl.gradients(x=x, y=y), ref.gradients(x=x, y=y)
         for name in want:
             np.testing.assert_allclose(grads[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+# -- fused operands that are no view of a stored texture --------------------------------------------
+class Heads(nn.Module):
+    """Attention's output projection: heads (stored, one product each) concatenated along the
+    features, projected by a Linear and added to the residual. The concatenation is fused into
+    the projection's product (and into its weight gradient's), no view of a stored texture."""
+
+    def __init__(self, c: int, heads: int, out: int, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.heads = nn.ModuleList([nn.Linear(c, c // heads) for _ in range(heads)])
+        self.proj = nn.Linear(c, out)
+
+    def forward(self, x: Any) -> Any:
+        cat = glcomp.cat([h(x).relu() for h in self.heads], dim=-1)
+        y = self.proj(cat)
+        return y + x if self.kind == "residual" else y
+
+
+def split_off_inputs(prog: glcomp.Program, entry: str) -> list[str]:
+    return [
+        d["kernel"] for d in build_bundle(prog).manifest["entries"][entry]["draws"] if "_in" in d["kernel"]
+    ]
+
+
+@pytest.mark.parametrize("kind", ["residual", "plain"])
+def test_fused_operand_is_computed_first_and_the_product_tiled(kind: str, force: Any, gl_runtime: Any):
+    """The concatenation is computed by a kernel of its own and the
+    projection and its weight gradient are tiled; predict, gradients and Adam steps agree with
+    the reference (two heads of 6 columns: K = 12, not a multiple of the 8-row block)."""
+    force((4, 2))
+    c, out = 12, 12 if kind == "residual" else 10
+    prog = glcomp.compile(
+        Heads(c, 2, out, kind),
+        {"x": (9, c)},
+        loss=SumLoss(),
+        optimizer=glcomp.optim.Adam(lr=0.01),
+        target="webgl2",
+        max_draw_buffers=8,
+    )
+    assert split_off_inputs(prog, "predict"), "the concatenation is not computed by a kernel of its own"
+    assert len(split_off_inputs(prog, "gradients")) >= 2  # forward and the weight gradient's operand
+    assert "4 x 2" in tiled_shapes(prog)
+    check(prog, gl_runtime, (9, out), seed=5)
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(9, c)).astype(np.float32), rng.normal(size=(9, out)).astype(np.float32)
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        for _ in range(2):
+            np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=RTOL)
+        np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=RTOL, atol=ATOL)
+
+
+def test_fused_operand_stays_fused_when_tiling_does_not_pay() -> None:
+    """A product too small for its tiles to pay for the draws keeps the concatenation fused."""
+    prog = glcomp.compile(Heads(8, 2, 8, "residual"), {"x": (4, 8)}, loss=SumLoss(), target="webgl2")
+    assert split_off_inputs(prog, "predict") == [] and tiled_shapes(prog) == []

@@ -275,9 +275,12 @@ def _parallel_tiling(
     return Tiling(n, a, b, form, r, c, m, k, cols, s, a_form=a_form)
 
 
-def _closure(graph: Graph, start: int, kernel: Kernel, stop: int | None) -> tuple[list[int], list[int]]:
-    """The body nodes and leaves of `kernel` that computing `start` reaches (`stop` is read as a
-    leaf), in the kernel's orders."""
+def _closure(
+    graph: Graph, start: int, kernel: Kernel, stop: int | None, stops: frozenset[int] = frozenset()
+) -> tuple[list[int], list[int]]:
+    """The body nodes and leaves of `kernel` that computing `start` reaches (`stop` and `stops`
+    are read as leaves), in the kernel's orders."""
+    stops = stops | ({stop} if stop is not None else set())
     body, leaves, todo, seen = set(), set(), [start], set()
     while todo:
         n = todo.pop()
@@ -285,7 +288,7 @@ def _closure(graph: Graph, start: int, kernel: Kernel, stop: int | None) -> tupl
             continue
         seen.add(n)
         for src in graph.operands(n):
-            if src == stop or src in kernel.leaves:
+            if src in stops or src in kernel.leaves:
                 leaves.add(src)
             elif src in kernel.body:
                 body.add(src)
@@ -293,6 +296,52 @@ def _closure(graph: Graph, start: int, kernel: Kernel, stop: int | None) -> tupl
     order = {n: i for i, n in enumerate(kernel.leaves)}
     ordered_leaves = sorted((v for v in leaves if v in order), key=order.__getitem__)
     return [n for n in kernel.body if n in body], ordered_leaves + sorted(leaves - set(order))
+
+
+def _operand_bases(graph: Graph, mm: int, kernel: Kernel) -> list[int]:
+    """The fused nodes of `kernel` that the product `mm` reads as its operands once the views a
+    tiled product reads as stored textures (a transpose, a reshape keeping the rows) are looked
+    through: a concatenation of attention heads, a sum, a masked or scaled operand. Stored in a
+    texture of their own, they make the product tileable."""
+    out: list[int] = []
+    for operand in graph.operands(mm):
+        n = operand
+        while n in kernel.body:
+            view = get_op(graph.op(n)).view
+            if view is None or view(graph.attrs(n)) not in ("transpose", "flat"):
+                break
+            (n,) = graph.operands(n)
+        if n in kernel.body and is_fused(graph, n) and n not in out:
+            out.append(n)
+    return out
+
+
+def _tiled_product(
+    graph: Graph, k: Kernel, mm: int, layouts: dict[int, Layout], target: Target, extra_draws: int
+) -> list[Kernel] | None:
+    """`k`'s product `mm` as a kernel of its own that can be tiled: first with its operands fused
+    as they are, else with the fused operand expressions blocking the tiling (`_operand_bases`)
+    computed by kernels of their own before it (one draw each, counted in the cost); None when
+    neither pays."""
+    body, leaves = _closure(graph, mm, k, None)
+    template = template_of(graph.op(mm))
+    product = Kernel(f"{k.name}_mm", [mm], body, leaves, template, list(k.origins))
+    if choose_tiling(graph, product, layouts, target, extra_draws=extra_draws) is not None:
+        return [product]
+    bases = [n for n in _operand_bases(graph, mm, k) if layouts[n].pages == 1]
+    if not bases:
+        return None
+    body, leaves = _closure(graph, mm, k, None, frozenset(bases))
+    product = Kernel(f"{k.name}_mm", [mm], body, leaves, template, list(k.origins))
+    if choose_tiling(graph, product, layouts, target, extra_draws=extra_draws + len(bases)) is None:
+        return None
+    inputs = []
+    for i, base in enumerate(bases):
+        b_body, b_leaves = _closure(graph, base, k, None, frozenset(bases) - {base})
+        inputs.append(
+            Kernel(f"{k.name}_in{i}", [base], b_body, b_leaves, template_of(graph.op(base)), list(k.origins))
+        )
+    return [*inputs, product]
 
 
 def _has_tiled_form(graph: Graph, n: int) -> bool:
@@ -304,32 +353,52 @@ def split_epilogues(
     kernels: list[Kernel], graph: Graph, layouts: dict[int, Layout], target: Target, keep: set[str]
 ) -> tuple[list[Kernel], set[int]]:
     """Kernels whose single map root reads a fused matmul or conv2d (a Linear's or a conv's bias,
-    an activation) as two kernels, the product on its own (so it can be tiled) and the epilogue
-    reading it as a stored texture, where the tiling pays for its two extra draws. `keep`: kernel
-    names left as they are. Returns the new kernel list and the products that became stored values.
-    Guarantee: the same values are computed in the same order; the split product is written
-    before its epilogue reads it."""
+    an activation, a residual add) as two kernels, the product on its own (so it can be tiled)
+    and the epilogue reading it as a stored texture, where the tiling pays for the extra draws.
+    A product reading a fused expression that is no view of a stored texture (the concatenated
+    heads of attention, read by its output projection and by that projection's weight gradient)
+    gets that expression computed by a kernel of its own before it, where tiling pays for that
+    draw too; so does such a product that is its kernel's root. `keep`: kernel names left as they
+    are. Returns the new kernel list and the values that became stored.
+    Guarantee: the same values are computed in the same order; every split-off value is written
+    before the kernels reading it."""
     out: list[Kernel] = []
     stored: set[int] = set()
     for k in kernels:
         loops = [n for n in k.body if not is_fused(graph, n)]
+        if k.name in keep or len(k.roots) != 1:
+            out.append(k)
+            continue
+        root = k.roots[0]
+        if not loops and get_op(graph.op(root)).kind == "matmul" and len(graph.shape(root)) == 2:
+            # The product is the root: split off only the operand expressions blocking its tiling.
+            if choose_tiling(graph, k, layouts, target) is not None:
+                out.append(k)
+                continue
+            parts = _tiled_product(graph, k, root, layouts, target, extra_draws=0)
+            if parts is None or len(parts) == 1:
+                out.append(k)
+                continue
+            *inputs, product = parts
+            out += [
+                *inputs,
+                Kernel(k.name, k.roots, product.body, product.leaves, k.template, list(k.origins)),
+            ]
+            stored.update(n for i in inputs for n in i.roots)
+            continue
         lone = len(loops) == 1 and (
             get_op(graph.op(loops[0])).kind == "matmul" or _has_tiled_form(graph, loops[0])
         )
-        if k.name in keep or len(k.roots) != 1 or not lone:
+        if not lone or not is_fused(graph, root):
             out.append(k)
             continue
         (mm,) = loops
-        if not is_fused(graph, k.roots[0]):
+        parts = _tiled_product(graph, k, mm, layouts, target, extra_draws=1)
+        if parts is None:
             out.append(k)
             continue
-        mm_body, mm_leaves = _closure(graph, mm, k, None)
-        template = template_of(graph.op(mm))
-        product = Kernel(f"{k.name}_mm", [mm], mm_body, mm_leaves, template, list(k.origins))
-        if choose_tiling(graph, product, layouts, target, extra_draws=1) is None:
-            out.append(k)
-            continue
-        ep_body, ep_leaves = _closure(graph, k.roots[0], k, mm)
-        out += [product, Kernel(k.name, k.roots, ep_body, ep_leaves, k.template, list(k.origins))]
+        ep_body, ep_leaves = _closure(graph, root, k, mm)
+        out += [*parts, Kernel(k.name, k.roots, ep_body, ep_leaves, k.template, list(k.origins))]
         stored.add(mm)
+        stored.update(n for part in parts[:-1] for n in part.roots)
     return out, stored
