@@ -40,6 +40,8 @@ EXPRESSIONS: dict[str, Callable[[Any], Any]] = {
     "maximum(a - a, x)": lambda a, x: (a - a).maximum(x),
     "amax(a - 2a)": lambda a, x: (a - 2 * a).amax(dim=1, keepdim=True),
     "isnan(a - a) + a": lambda a, x: (a - a).isnan() + a,
+    "exp(a - a)": lambda a, x: (a - a).exp(),
+    "sigmoid(a - a)": lambda a, x: (a - a).sigmoid(),
 }
 X = np.array([[100.0, 1.0, -3.0, 0.0], [89.0, 88.0, 3.0, -1.0]], np.float32)
 

@@ -43,7 +43,7 @@ def _step(x):
 
 # -- unary ---------------------------------------------------------------------------------------
 _unary("neg", np.negative, lambda g, out, a: (-g,), "-a")
-_unary("exp", np.exp, lambda g, out, a: (g * out,), "exp(a)", cost=2)
+_unary("exp", np.exp, lambda g, out, a: (g * out,), "glc_exp(a)", cost=2)
 _unary("log", np.log, lambda g, out, a: (g / a,), "log(a)", domain="positive", cost=2)
 _unary("sqrt", np.sqrt, lambda g, out, a: (g * 0.5 / out,), "sqrt(a)", domain="positive", cost=2)
 _unary("tanh", np.tanh, lambda g, out, a: (g * (1.0 - out * out),), "glc_tanh(a)", cost=2)
@@ -51,7 +51,7 @@ _unary(
     "sigmoid",
     lambda a: 1.0 / (1.0 + np.exp(-a)),
     lambda g, out, a: (g * out * (1.0 - out),),
-    "1.0 / (1.0 + exp(-a))",
+    "1.0 / (1.0 + glc_exp(-a))",
     cost=2,
 )
 _unary(
