@@ -203,6 +203,7 @@ class Tiling:
     N: int
     S: int = 1
     a_form: str = "a"
+    batch_rows: int = 0  # a batched product (bmm): A's rows per batch element (M of each), R dividing it
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -248,7 +249,7 @@ def render_tiled(
     """The block draw's and the gather draw's shaders (samplers named by node and page; the
     gather's samplers are the tiles, "page" 0 of each tile id in `tiling.tiles`)."""
     t = tiling
-    sa, sb = f"s{t.a}_0", f"s{t.b}_0"
+    sa, sb = f"s{t.a}_0", f"s{t.b}_0"  # one sampler when A and B are one texture (x @ x.T)
     tiles = [f"s{t.node}_{i}" for i in range(t.R * t.C)]
     common = {
         "webgl1": False,
@@ -265,6 +266,7 @@ def render_tiled(
         "S": t.S,
         "form": t.form,
         "a_form": t.a_form,
+        "batch_rows": t.batch_rows,
         "max_loop": target.max_loop_iterations,
     }
     template = environment().get_template("matmul_tiled.frag.j2")
@@ -281,7 +283,7 @@ def render_tiled(
             "mode": "block",
             "kernel_name": f"{kernel.name} (tiled {t.R}x{t.C})",
             "outputs": tiles,
-            "samplers": [sa, sb],
+            "samplers": [sa] if sa == sb else [sa, sb],
             "s_a": sa,
             "s_b": sb,
             # The operands may be row or texel views of t.a / t.b (a reshape when K is split, a
@@ -305,6 +307,6 @@ def render_tiled(
             "rt": out.row_texels,
         }
     )
-    block_samplers = [(sa, t.a, 0), (sb, t.b, 0)]
+    block_samplers = [(sa, t.a, 0)] + ([(sb, t.b, 0)] if sb != sa else [])
     gather_samplers = [(s, tid, 0) for s, tid in zip(tiles, t.tiles)]
     return Rendered(block, block_samplers, []), Rendered(gather, gather_samplers, [])

@@ -52,6 +52,8 @@ def _will_tile(graph: Graph, k: Kernel, layouts: Mapping[int, Layout], target: T
     low = lowering(graph.op(k.roots[0]))
     if low is not None and low.tiled is not None:
         return low.tiled(graph, k, dict(layouts), target) is not None
+    if graph.op(k.roots[0]) == "bmm":  # a batched product tiled (attention's), kept out of groups
+        return choose_tiling(graph, k, dict(layouts), target) is not None
     if target.parallel_fragments is None:
         return False
     t = choose_tiling(graph, k, dict(layouts), target)

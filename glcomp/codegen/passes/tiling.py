@@ -11,6 +11,8 @@ instead (1 x 1 blocks, S chunks of whole texels, added by the gather): it would 
 serially in a handful of fragments. A product fused into an epilogue (a Linear's bias and
 activation) is first split off into a kernel of its own where tiling it pays for the two extra
 draws (`split_epilogues`).
+A batched product (bmm) is tiled as the stack of its batch's rows, each block inside one batch
+element (R divides its rows) reading B at that element's rows (`_batched_tiling`).
 The draws themselves are glcomp.codegen.families.matmul's. A tiled product whose one reader is an
 untiled kernel reading it through fused nodes only (the epilogue split off it, typically) is read
 by that kernel straight from the tiles, gathering as it reads (`read_from_tiles`): the product
@@ -172,7 +174,11 @@ def choose_tiling(
     low = lowering(graph.op(n))
     if low is not None and low.tiled is not None:  # a family's own blocked form (conv2d)
         return low.tiled(graph, kernel, layouts, target, extra_draws)
-    if get_op(graph.op(n)).kind != "matmul" or len(graph.shape(n)) != 2 or layouts[n].pages != 1:
+    if get_op(graph.op(n)).kind != "matmul" or layouts[n].pages != 1:
+        return None
+    if len(graph.shape(n)) == 3:
+        return _batched_tiling(graph, n, kernel, layouts, target, extra_draws)
+    if len(graph.shape(n)) != 2:
         return None
     a, b = graph.operands(n)
     (m, k), cols = graph.shape(a), graph.shape(n)[1]
@@ -225,6 +231,44 @@ def choose_tiling(
     return Tiling(n, a, b, form, best[1], best[2], m, k, cols, a_form=a_form)
 
 
+def _batched_tiling(
+    graph: Graph, n: int, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int
+) -> Tiling | None:
+    """The tiling of a batched product (bmm, (Bt, Mb, K) @ (Bt, K, N)): the batch's rows stacked
+    as one (Bt * Mb, K) A, each block of R rows inside one batch element (R divides Mb), B read at
+    that element's rows. A is a stored texture; B a stored (Bt, K, N) texture or (form "w") the
+    permute (0, 2, 1) of a stored (Bt, N, K) one (attention's q @ k.T); K not split."""
+    a, b = graph.operands(n)
+    bt, mb, k = graph.shape(a)
+    cols = graph.shape(n)[2]
+    form, fused = "b", []
+    if b in kernel.body and graph.op(b) == "permute" and tuple(graph.attrs(b)["perm"]) == (0, 2, 1):
+        fused.append(b)
+        b, form = graph.operands(b)[0], "w"
+    if sorted(kernel.body) != sorted(fused):
+        return None
+    if not (_stored(a, kernel, layouts) and _stored(b, kernel, layouts)):
+        return None
+    shapes = tuple(rc for rc in SHAPES if mb % rc[0] == 0)
+    m = bt * mb
+    if target.parallel_fragments is not None:
+        return _parallel_tiling(n, a, b, form, "a", m, k, cols, target, extra_draws, shapes, mb)
+    rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
+    today = cost.fetches(m * rt * k4 * fetches_per_texel(1, 1))
+    best: tuple[float, int, int] | None = None
+    for r, c in shapes:
+        fw, fh = -(-rt // c), m // r
+        if r * c > target.max_draw_buffers or fw * fh > target.max_texture_size**2:
+            continue
+        work = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * cost.GATHER_FETCHES)
+        work += cost.draws(1 + extra_draws, blocked=True, target=target)
+        if best is None or work < best[0]:
+            best = (work, r, c)
+    if best is None or best[0] >= today:
+        return None
+    return Tiling(n, a, b, form, best[1], best[2], m, k, cols, batch_rows=mb)
+
+
 def _parallel_tiling(
     n: int,
     a: int,
@@ -236,17 +280,21 @@ def _parallel_tiling(
     cols: int,
     target: Target,
     extra_draws: int,
+    shapes: tuple[tuple[int, int], ...] | None = None,
+    batch_rows: int = 0,
 ) -> Tiling | None:
     """The tiling of an (m, k) @ (k, cols) product on a target that names the fragments a draw
     needs (`Target.parallel_fragments`): every block shape that fits its draw buffers, each with K
     unsplit or split into S chunks (a power of two dividing K / 4; the gather adds the S partial
     products), costed as fetches times `cost.occupancy` of the draw's fragments, plus the blocked
-    draws; None when the one-texel kernel costs least."""
+    draws; None when the one-texel kernel costs least. `shapes`: the block shapes tried (SHAPES by
+    default); `batch_rows`: a batched product's rows per batch element (K is then not split)."""
     rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
     out = m * rt
     best: tuple[float, int, int, int] | None = None
     today = cost.fetches(out * k4 * fetches_per_texel(1, 1)) * cost.occupancy(out, target)
-    for r, c in (*SPLIT_SHAPES, *SHAPES):
+    shapes = SHAPES if shapes is None else shapes
+    for r, c in shapes if batch_rows else (*SPLIT_SHAPES, *shapes):
         fw, fh = -(-rt // c), -(-m // r)
         if r * c > target.max_draw_buffers or (a_form == "t" and r % 4):
             continue
@@ -264,7 +312,7 @@ def _parallel_tiling(
                     best = (work, r, c, s)
             # Split further while the block draw is short of fragments and K divides (K % 4 == 0:
             # each chunk whole texels), keeping at least LONG_STEPS // 16 steps a chunk.
-            if k % 4 or k4 % (2 * s) or s * fw * fh >= (target.parallel_fragments or 0):
+            if batch_rows or k % 4 or k4 % (2 * s) or s * fw * fh >= (target.parallel_fragments or 0):
                 break
             if k4 // (2 * s) < LONG_STEPS // 16:
                 break
@@ -272,7 +320,7 @@ def _parallel_tiling(
     if best is None or best[0] >= today:
         return None
     _, r, c, s = best
-    return Tiling(n, a, b, form, r, c, m, k, cols, s, a_form=a_form)
+    return Tiling(n, a, b, form, r, c, m, k, cols, s, a_form=a_form, batch_rows=batch_rows)
 
 
 def _closure(
@@ -370,7 +418,7 @@ def split_epilogues(
             out.append(k)
             continue
         root = k.roots[0]
-        if not loops and get_op(graph.op(root)).kind == "matmul" and len(graph.shape(root)) == 2:
+        if not loops and get_op(graph.op(root)).kind == "matmul" and len(graph.shape(root)) in (2, 3):
             # The product is the root: split off only the operand expressions blocking its tiling.
             if choose_tiling(graph, k, layouts, target) is not None:
                 out.append(k)
