@@ -44,20 +44,20 @@ def mrt(plan: KernelPlan) -> KernelPlan:
 
 def _will_tile(graph: Graph, k: Kernel, layouts: Mapping[int, Layout], target: Target) -> bool:
     """Whether the tiling pass will run lone kernel `k` in its family's register-blocked form
-    (a convolution's), or, on a target that names the fragments a draw needs, split its product
-    over K to fill the device: such a kernel stays out of MRT groups, where it could not be
-    blocked or split."""
+    (a convolution's, a batched product's), or, on a target that names the fragments a draw
+    needs, split its product over K to fill the device: such a kernel stays out of MRT groups,
+    where it could not be blocked or split."""
     if len(k.roots) != 1:
         return False
     low = lowering(graph.op(k.roots[0]))
     if low is not None and low.tiled is not None:
         return low.tiled(graph, k, dict(layouts), target) is not None
-    if graph.op(k.roots[0]) == "bmm":  # a batched product tiled (attention's), kept out of groups
-        return choose_tiling(graph, k, dict(layouts), target) is not None
-    if target.parallel_fragments is None:
+    batched = len(graph.shape(k.roots[0])) == 3
+    if target.parallel_fragments is None and not batched:
         return False
     t = choose_tiling(graph, k, dict(layouts), target)
-    return isinstance(t, Tiling) and t.S > 1
+    # a batched product tiled (attention's) or a product split over K: kept out of groups
+    return isinstance(t, Tiling) and (t.batch_rows > 0 or t.S > 1)
 
 
 def _fusible_root(graph: Graph, n: int) -> bool:

@@ -242,7 +242,8 @@ def _batched_tiling(
     bt, mb, k = graph.shape(a)
     cols = graph.shape(n)[2]
     form, fused = "b", []
-    if b in kernel.body and graph.op(b) == "permute" and tuple(graph.attrs(b)["perm"]) == (0, 2, 1):
+    view = get_op(graph.op(b)).view
+    if b in kernel.body and view is not None and view(graph.attrs(b)) == "batch_transpose":
         fused.append(b)
         b, form = graph.operands(b)[0], "w"
     if sorted(kernel.body) != sorted(fused):

@@ -71,7 +71,7 @@ register(
         sample=sample_permute,
         attrs=("perm",),
         cost=0,
-        view=lambda attrs: "transpose" if tuple(attrs["perm"]) == (1, 0) else None,
+        view=lambda attrs: {(1, 0): "transpose", (0, 2, 1): "batch_transpose"}.get(tuple(attrs["perm"])),
     )
 )
 

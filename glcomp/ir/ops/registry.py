@@ -44,7 +44,8 @@ class Op:
                The planner stores a fused operand of a `rereads` op whose recomputation costs more
                than a couple of ops.
     view:      movement ops: attrs -> "flat" when the op keeps the elements in row-major order
-               (a reshape), "transpose" when it swaps the two axes of a matrix, else None.
+               (a reshape), "transpose" when it swaps the two axes of a matrix,
+               "batch_transpose" when it swaps the last two of a batch of matrices, else None.
     broadcast: movement ops that read one operand element for several output elements.
     rereads:   loop ops that read every operand element for many output elements.
     feed:      sources whose value the runtime feeds (a texture or a uniform); other sources
