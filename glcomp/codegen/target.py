@@ -91,7 +91,9 @@ _BASE = {
     # other), so merging draws and blocking products pay at the sizes where they do on a GPU; and
     # the fragments a draw needs to fill it: on the H200 a product drawn over 4,096 fragments
     # looping 1,024 times ran 13x slower per multiply-add than one over 262,144 fragments looping
-    # 64 times (per-draw profile of char-GPT medium), i.e. about 2^16 fragments keep it busy.
+    # 64 times (per-draw profile of char-GPT medium); swept over whole train steps on the same GPU
+    # (benchmarks/RESULTS.md), 2^14 gave the fastest char-GPT steps once batched products were
+    # tiled (2^15, 2^16 and above slower; the CNNs the same within 1%).
     "webgl2-gpu": Target(
         "webgl2-gpu",
         "300 es",
@@ -100,7 +102,7 @@ _BASE = {
         max_texture_units=16,
         draw_cost=1_000_000,
         blocked_draw_cost=1_000_000,
-        parallel_fragments=1 << 16,
+        parallel_fragments=1 << 14,
     ),
 }
 
