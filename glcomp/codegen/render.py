@@ -485,7 +485,9 @@ class KernelRenderer:
         # vec4 roots: a loop root with a root4 form; a map root computes its fused chain a texel at
         # a time through vec4 functions (plan4), after filling the cache of its only loop node
         # when that one (an epilogue operand read at the root's index) has a root4 form.
-        textures = {leaf for leaf in kernel.leaves if leaf not in uniform_of}
+        # Leaves the families may read as textures: not a product read from its tiles (its
+        # samplers are the tiles; a matmul reading it through a reshape read its first tile).
+        textures = {leaf for leaf in kernel.leaves if leaf not in uniform_of and leaf not in self.from_tiles}
         self.ctx = RenderContext(g, self.layouts, frozenset(textures), self.unroll, self.webgl1)
         roots, cached, chains = [], {}, []
         for n in kernel.roots:

@@ -90,9 +90,7 @@ def read_from_tiles(plan: KernelPlan) -> dict[int, str]:
         readable = (
             isinstance(t, Tiling | ConvTiling) and t.read_params(plan.target.max_texture_size) is not None
         )
-        # A batched product gets its gather draw: read from its tiles, attention's values
-        # gradient came out wrong (tests/codegen/test_bmm.py, 2 x 1 blocks; cause not found yet).
-        if not readable or t.node in outputs or (isinstance(t, Tiling) and t.batch_rows):
+        if not readable or t.node in outputs:
             continue
         users = readers.get(t.node, [])
         if len(users) != 1:
