@@ -213,22 +213,29 @@ def choose_tiling(
         return _parallel_tiling(n, a, b, form, a_form, m, k, cols, target, extra_draws)
     if chunks > 1:
         return Tiling(n, a, b, form, 1, 1, m, k, cols, chunks)
+    shapes = tuple(rc for rc in SHAPES if a_form != "t" or rc[0] % 4 == 0)
+    best = _best_block(m, k, cols, shapes, target, extra_draws)
+    return None if best is None else Tiling(n, a, b, form, *best, m, k, cols, a_form=a_form)
+
+
+def _best_block(
+    m: int, k: int, cols: int, shapes: tuple[tuple[int, int], ...], target: Target, extra_draws: int
+) -> tuple[int, int] | None:
+    """The block shape (R, C) among `shapes` with the least fetches for an (m, k) @ (k, cols)
+    product on a target without a width, gather and draws counted; None when none fits the
+    target or the one-texel kernel costs no more."""
     rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
     today = cost.fetches(m * rt * k4 * fetches_per_texel(1, 1))
     best: tuple[float, int, int] | None = None
-    for r, c in SHAPES:
+    for r, c in shapes:
         fw, fh = -(-rt // c), -(-m // r)
         if r * c > target.max_draw_buffers or fw * fh > target.max_texture_size**2:
-            continue
-        if a_form == "t" and r % 4:
             continue
         work = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * cost.GATHER_FETCHES)
         work += cost.draws(1 + extra_draws, blocked=True, target=target)
         if best is None or work < best[0]:
             best = (work, r, c)
-    if best is None or best[0] >= today:
-        return None
-    return Tiling(n, a, b, form, best[1], best[2], m, k, cols, a_form=a_form)
+    return None if best is None or best[0] >= today else (best[1], best[2])
 
 
 def _batched_tiling(
@@ -257,20 +264,8 @@ def _batched_tiling(
     m = bt * mb
     if target.parallel_fragments is not None:
         return _parallel_tiling(n, a, b, form, "a", m, k, cols, target, extra_draws, shapes, mb)
-    rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
-    today = cost.fetches(m * rt * k4 * fetches_per_texel(1, 1))
-    best: tuple[float, int, int] | None = None
-    for r, c in shapes:
-        fw, fh = -(-rt // c), m // r
-        if r * c > target.max_draw_buffers or fw * fh > target.max_texture_size**2:
-            continue
-        work = cost.fetches(fw * fh * r * c * k4 * fetches_per_texel(r, c) + m * rt * cost.GATHER_FETCHES)
-        work += cost.draws(1 + extra_draws, blocked=True, target=target)
-        if best is None or work < best[0]:
-            best = (work, r, c)
-    if best is None or best[0] >= today:
-        return None
-    return Tiling(n, a, b, form, best[1], best[2], m, k, cols, batch_rows=mb)
+    best = _best_block(m, k, cols, shapes, target, extra_draws)
+    return None if best is None else Tiling(n, a, b, form, *best, m, k, cols, batch_rows=mb)
 
 
 def _parallel_tiling(
