@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import glcomp
+from codegen.test_matmul_tiled import tiled_shapes
 from glcomp import nn
 from glcomp.codegen.bundle import build_bundle
 
@@ -157,53 +158,27 @@ def test_four_dimensional_matmul_is_one_product() -> None:
 
 
 # -- register-blocked (tiled) batched products --------------------------------------------------------
-def tiled_blocks(prog: glcomp.Program) -> list[str]:
-    """The block shapes of the bundle's tiled products, one per block shader."""
-    return [
-        line.split(": ")[1].split(" output")[0]
-        for src in build_bundle(prog).shaders.values()
-        for line in src.splitlines()
-        if line.startswith("// register-blocked matmul: ") and "gather" not in line
-    ]
-
-
-@pytest.fixture
-def force_tiles(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """force((R, C)): tile every eligible product with that block shape, whatever its size."""
-    from glcomp.codegen import cost
-    from glcomp.codegen.passes import tiling
-
-    def apply(shape: tuple[int, int]) -> None:
-        monkeypatch.setattr(tiling, "SHAPES", (shape,))
-        monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
-        monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
-
-    return apply
-
-
 @pytest.mark.parametrize("form", ["attention", "values", "stored"])
 @pytest.mark.parametrize("shape", [(4, 2), (2, 1), (8, 1)])
 @pytest.mark.parametrize("k", [3, 4, 9])
-def test_tiled_bmm_matches_reference(
-    form: str, shape: tuple[int, int], k: int, force_tiles: Any, gl_runtime: Any
-):
+def test_tiled_bmm_matches_reference(form: str, shape: tuple[int, int], k: int, force: Any, gl_runtime: Any):
     """Blocks of R rows inside one batch element (M = 8 rows each), B read at that element's rows:
     the forward products, their gradients' products (the transposed ones of a stored operand,
     a fused operand computed first) against the reference; N = 6 and 10 leave a column texel half
     past the row."""
-    force_tiles(shape)
+    force(shape)
     b, m, n = 3, 8, 6 if k != 4 else 10
     prog = glcomp.compile(
         Batched(m, k, n, form), {"x": (b, m, k)}, loss=SumLoss(), target="webgl2", max_draw_buffers=8
     )
     if form != "stored":  # q.T @ v: A the transpose of a stored value, which batched tiling does not read
-        assert f"{shape[0]} x {shape[1]}" in tiled_blocks(prog)
+        assert f"{shape[0]} x {shape[1]}" in tiled_shapes(prog)
     check(prog, gl_runtime, out_shape(form, b, m, k, n), seed=k)
 
 
-def test_tiled_bmm_needs_blocks_inside_a_batch_element(force_tiles: Any) -> None:
+def test_tiled_bmm_needs_blocks_inside_a_batch_element(force: Any) -> None:
     """M = 6 rows a batch element: 4-row blocks would straddle two elements, so no bmm is tiled."""
-    force_tiles((4, 2))
+    force((4, 2))
     prog = glcomp.compile(Batched(6, 4, 8, "values"), {"x": (3, 6, 4)}, target="webgl2", max_draw_buffers=8)
     tiled = [s for s in build_bundle(prog).shaders.values() if "register-blocked" in s and "bofs" in s]
     assert tiled == []

@@ -19,7 +19,6 @@ from conftest import SumLoss
 
 import glcomp
 from glcomp import nn
-from glcomp.codegen import cost
 from glcomp.codegen.bundle import build_bundle, load_bundle
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import layout_for
@@ -43,18 +42,6 @@ class Product(nn.Module):
     def forward(self, x: Any) -> Any:
         a = x.t() if self.transposed else x
         return a @ self.w.T if self.form == "linear" else a @ self.w
-
-
-@pytest.fixture
-def force(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """force((R, C)): tile every eligible matmul with that block shape, whatever its size."""
-
-    def apply(shape: tuple[int, int]) -> None:
-        monkeypatch.setattr(tiling, "SHAPES", (shape,))
-        monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
-        monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
-
-    return apply
 
 
 def tiled_shapes(prog: glcomp.Program) -> list[str]:

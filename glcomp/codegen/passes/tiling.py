@@ -418,10 +418,8 @@ def split_epilogues(
             continue
         root = k.roots[0]
         if not loops and get_op(graph.op(root)).kind == "matmul" and len(graph.shape(root)) in (2, 3):
-            # The product is the root: split off only the operand expressions blocking its tiling.
-            if choose_tiling(graph, k, layouts, target) is not None:
-                out.append(k)
-                continue
+            # The product is the root: split off only the operand expressions blocking its tiling
+            # (one part: it tiles as it is, and stays as it is).
             parts = _tiled_product(graph, k, root, layouts, target, extra_draws=0)
             if parts is None or len(parts) == 1:
                 out.append(k)
