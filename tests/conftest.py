@@ -389,3 +389,19 @@ def as_format_2(directory: Any) -> Any:
     manifest["files"] = dict(sorted(files.items()))
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return directory
+
+
+@pytest.fixture
+def force(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """force((R, C)): tile every eligible matmul with that block shape, whatever its size (the
+    block and gather draws cost nothing). Modules that force otherwise define their own."""
+
+    def apply(shape: tuple[int, int]) -> None:
+        from glcomp.codegen import cost
+        from glcomp.codegen.passes import tiling
+
+        monkeypatch.setattr(tiling, "SHAPES", (shape,))
+        monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
+        monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
+
+    return apply

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from browser.support import HIDE, _js
-from codegen.test_matmul_tiled import Product, SumLoss, check, force, tiled_shapes  # noqa: F401  (force: a fixture)
+from codegen.test_matmul_tiled import Product, SumLoss, check, tiled_shapes
 from conftest import DIALECTS, train_both
 
 from glcomp import optim
@@ -204,7 +204,7 @@ def test_rgba8_never_blends(models: Any):
     assert not any(d["blend"] for e in m["entries"].values() for d in e["draws"])
 
 
-def test_rgba8_never_tiles(force: Any, gl_runtime: Any):  # noqa: F811 - the fixture of test_matmul_tiled
+def test_rgba8_never_tiles(force: Any, gl_runtime: Any):
     """Tiled matmul draws write float texels of their own (no byte encoding): with rgba8 storage
     the tiling pass is off, even where it fires for float32, and the product stays exact."""
     import glcomp
