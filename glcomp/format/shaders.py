@@ -254,12 +254,19 @@ def _check_brackets(toks: list[str], starts: list[int], fail: Any) -> None:
 
 
 def check_shaders(manifest: dict[str, Any], shaders: dict[str, str]) -> None:
-    """Check every shader's loops (see `shader_loop_bound`) against the validated `manifest`:
+    """Check every shader against the validated `manifest`: it begins with the ``#version`` of
+    the manifest's target, and its loops (see `shader_loop_bound`) are bounded:
     the vertex shader runs no loop, and each program's fragment shader at most the
     ``loop_iterations`` its program declares (per fragment). Errors name a shader as
     `shader_path` does for the manifest's format version."""
     version = manifest["version"]
     vert = manifest["vertex_shader"]
+    head = f"#version {manifest['target']['glsl_version']}\n"
+    for name in [vert, *(prog["fragment"] for prog in manifest["programs"].values())]:
+        if not shaders[name].startswith(head):
+            raise GlcompError(
+                f"bundle {shader_path(version, name)}: must begin with {head.strip()} (the manifest's target)"
+            )
     if shader_loop_bound(shaders[vert], shader_path(version, vert)) != 0:
         raise GlcompError(f"bundle {shader_path(version, vert)}: the vertex shader must not loop")
     for pid, prog in manifest["programs"].items():

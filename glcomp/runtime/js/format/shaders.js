@@ -184,12 +184,18 @@ export function shaderLoopBound(source, where) {
   return bounds.has("main") ? bounds.get("main") : 0;
 }
 
-/** Check every shader's loops against the validated manifest (schema.py check_shaders): the
- *  vertex shader runs none, each fragment shader at most its program's loop_iterations. Errors
+/** Check every shader against the validated manifest (schema.py check_shaders): it begins
+ *  with the #version of the manifest's target; the vertex shader runs no loop, each fragment shader at most its program's loop_iterations. Errors
  *  name a shader as shaderPath does for the manifest's format version. */
 export function checkShaders(manifest, shaders) {
   const version = manifest.version;
   const vert = manifest.vertex_shader;
+  const head = `#version ${manifest.target.glsl_version}\n`;
+  for (const name of [vert, ...Object.values(manifest.programs).map((prog) => prog.fragment)]) {
+    if (!shaders[name].startsWith(head)) {
+      throw new GlcompError(`bundle ${shaderPath(version, name)}: must begin with ${head.trim()} (the manifest's target)`);
+    }
+  }
   if (shaderLoopBound(shaders[vert], shaderPath(version, vert)) !== 0) {
     throw new GlcompError(`bundle ${shaderPath(version, vert)}: the vertex shader must not loop`);
   }
