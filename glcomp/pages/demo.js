@@ -240,7 +240,7 @@ async function main() {
   $("tensor").replaceChildren(...inspectNames(rt.manifest).map((n) => new Option(n, n)));
   $("tensor").onchange = () => drawHeat(rt);
   demo.info = rt.info();
-  $("info").textContent = `WebGL ${demo.info.webgl} on ${demo.info.renderer}`;
+  $("info").textContent = `WebGL ${demo.info.webgl} on ${demo.info.renderer} · software renderer: ${demo.info.software ? "yes" : "no"}`;
   if (demo.info.warnings.length) {
     $("warning").hidden = false;
     $("warning").textContent = demo.info.warnings.join(" ");

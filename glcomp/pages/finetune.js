@@ -179,7 +179,7 @@ async function main() {
   const shape = modelShape(rt.manifest);
   const data = await loadData(shape);
   const info = rt.info();
-  $("info").textContent = `WebGL ${info.webgl} on ${info.renderer} · ${shape.classes} classes, `
+  $("info").textContent = `WebGL ${info.webgl} on ${info.renderer} · software renderer: ${info.software ? "yes" : "no"} · ${shape.classes} classes, `
     + `${shape.h}x${shape.w} images, batches of ${shape.batch}`
     + (data ? ` · ${data.test.length} held-out test images` : "");
   state.pretrained = alreadyTrained(rt);

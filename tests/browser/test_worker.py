@@ -189,3 +189,43 @@ def test_js_inspect_equals_the_python_reference(page: Any, bundle: str) -> None:
         np.testing.assert_allclose(
             np.reshape(got[name]["data"], want.shape), want, rtol=1e-4, atol=1e-5, err_msg=name
         )
+
+
+FALLBACK_JS = """
+const { base, batch } = arg;
+const feed = { x: Float32Array.from(batch.x), y: Int32Array.from(batch.y) };
+const kept = globalThis.OffscreenCanvas;
+delete globalThis.OffscreenCanvas; // a browser without OffscreenCanvas
+let refused = null;
+try {
+  const auto = await g.load(base, { quiet: true });
+  const first = await auto.trainStep(feed);
+  const fallback = { thread: auto.thread, reason: auto.fallbackReason ?? null, loss: first };
+  try { await g.load(base, { worker: true, quiet: true }); } catch (err) {
+    refused = { name: err.name, reason: err.reason, message: err.message };
+  }
+  auto.dispose();
+  globalThis.OffscreenCanvas = kept;
+  const wk = await g.load(base, { quiet: true });
+  const loss = await wk.trainStep(feed);
+  const thread = wk.thread;
+  await wk.dispose();
+  return { fallback, refused, worker: { thread, loss } };
+} finally {
+  globalThis.OffscreenCanvas = kept;
+}
+"""
+
+
+def test_load_falls_back_to_the_main_thread_where_a_worker_cannot_draw(page: Any, bundle: str) -> None:
+    """worker: "auto" (the default) trains on the main thread where there is no OffscreenCanvas
+    and says why (fallbackReason); worker: true refuses with a GlcompError of reason
+    "no-worker-webgl"; with OffscreenCanvas back, "auto" is a worker, and both give the same loss."""
+    (batch,) = _as_js(_batches(1))
+    got = _js(page, FALLBACK_JS, {"base": bundle, "batch": batch})
+    assert got["fallback"]["thread"] == "main"
+    assert "OffscreenCanvas" in got["fallback"]["reason"]
+    assert got["refused"]["name"] == "GlcompError" and got["refused"]["reason"] == "no-worker-webgl"
+    assert "OffscreenCanvas" in got["refused"]["message"]
+    assert got["worker"]["thread"] == "worker"
+    assert got["worker"]["loss"] == got["fallback"]["loss"]

@@ -163,6 +163,7 @@ def test_demo_says_whether_its_bundle_is_trained_and_draws_through_the_chart(
         assert not errors, errors
         assert demo["pretrained"] is (trained_steps > 0)
         assert ("this bundle is already trained" in pg.locator("#info").inner_text()) is (trained_steps > 0)
+        assert "software renderer: yes" in pg.locator("#info").inner_text()
         chart = demo["chart"]
         assert len(set(chart["yTicks"])) == len(chart["yTicks"])
         assert not _overlap(chart["legend"], chart["xAxis"])
@@ -174,6 +175,57 @@ def test_demo_says_whether_its_bundle_is_trained_and_draws_through_the_chart(
     assert chart["points"] == len(demo["losses"]) > 0
     boxes = chart["labels"]
     assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]), boxes
+
+
+HEAT_JS = """async (name) => {
+  const select = document.getElementById("tensor");
+  const names = [...select.options].map((o) => o.value);
+  select.value = name;
+  select.dispatchEvent(new Event("change"));
+  const label = document.getElementById("heat-label");
+  while (!label.textContent.startsWith(name + " ")) await new Promise((r) => setTimeout(r, 10));
+  const canvas = document.getElementById("heat");
+  const px = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  return { names, label: label.textContent, width: canvas.width, height: canvas.height, px: Array.from(px) };
+}"""
+
+
+def test_demo_draws_a_weight_as_a_heat_map(browser: Any, tmp_path: Path) -> None:
+    """The demo page's texture inspector: a parameter chosen in its list is drawn from the GL
+    texture (rt.inspect) as a heat map, rows its first axis, red positive, blue negative, scaled
+    by the largest magnitude; the pixels are the bundle's weights under that colour map."""
+    glcomp.manual_seed(3)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    prog = glcomp.compile(model, {"x": (16, 4)}, nn.CrossEntropyLoss(), optim.SGD(lr=0.1))
+    bundle = prog.runtime("reference").save(tmp_path / "bundle")
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    server = make_server(bundle, data=(x[:16], y[:16], x[16:], y[16:]))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    context = browser.new_context()
+    try:
+        pg = context.new_page()
+        pg.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        pg.wait_for_function("['ready', 'error'].includes(window.glcompDemo?.status)", timeout=120_000)
+        assert pg.evaluate("window.glcompDemo.status") == "ready", pg.evaluate("window.glcompDemo.error")
+        got = pg.evaluate(HEAT_JS, "0.weight")
+    finally:
+        context.close()
+        server.shutdown()
+        server.server_close()
+    assert {"0.weight", "0.bias", "2.weight", "2.bias"} <= set(got["names"])
+    w = np.asarray(prog.params["0.weight"], np.float64)  # (8, 4): 8 rows of 4 pixels
+    assert (got["height"], got["width"]) == w.shape and "[8,4]" in got["label"]
+    u = w / np.abs(w).max()
+    want = np.where(
+        (u >= 0)[..., None],
+        np.stack([np.full_like(u, 255), 255 * (1 - u), 255 * (1 - u)], -1),
+        np.stack([255 * (1 + u), 255 * (1 + u), np.full_like(u, 255)], -1),
+    )
+    px = np.array(got["px"], np.float64).reshape(*w.shape, 4)
+    assert np.all(px[..., 3] == 255)
+    np.testing.assert_allclose(px[..., :3], want, atol=1.0)
+    assert px[..., 0].min() < 128 and px[..., 2].min() < 128  # both signs shown
 
 
 # -- the fine-tuning pages: finetune.html and camera.html -----------------------------------------
@@ -224,6 +276,8 @@ def _finetune_on_page(browser: Any, url: str, api: str, setup: str) -> dict[str,
         )  # a bound on a hung page only
         assert pg.evaluate(f"window.{api}.state.error") is None
         assert pg.evaluate("document.getElementById('trained').textContent").startswith("Starting bundle:")
+        # the page says which renderer it trains on; the tests run Chromium on SwiftShader
+        assert "software renderer: yes" in pg.evaluate("document.getElementById('info').textContent")
         before = pg.evaluate(f"window.{api}.state.chart")
         assert before["points"] == 0 and before["xLabel"] == "step"  # drawn, empty, before training
         pg.evaluate(setup)

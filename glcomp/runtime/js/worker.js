@@ -12,6 +12,7 @@
 //
 // This one file is both the page's side (WorkerRuntime, load) and the worker's (the message
 // handler below runs only in a worker created by WorkerRuntime, named WORKER_NAME).
+import { isFrameSource } from "./frames.js";
 import { Runtime } from "./runtime.js";
 import { GlcompError, isInt, isObj } from "./util.js";
 
@@ -25,6 +26,39 @@ function transferables(value, out = new Set()) {
   else if (Array.isArray(value)) value.forEach((v) => transferables(v, out));
   else if (value && typeof value === "object") Object.values(value).forEach((v) => transferables(v, out));
   return [...out];
+}
+
+// Frame sources that cannot cross to a worker (elements, and canvases, which a worker cannot
+// receive while they have a context) go as ImageBitmaps of their current pixels, made with the
+// options texImage2D uploads by (no premultiplication, no colour conversion). ImageBitmap,
+// VideoFrame and ImageData cross as they are.
+const ELEMENT_FRAMES = ["HTMLVideoElement", "HTMLCanvasElement", "HTMLImageElement", "OffscreenCanvas"];
+const isElementFrame = (v) => ELEMENT_FRAMES.some((n) => typeof globalThis[n] === "function" && v instanceof globalThis[n]);
+const isPlain = (v) => v !== null && typeof v === "object" && (Array.isArray(v) || Object.getPrototypeOf(v) === Object.prototype);
+
+/** Whether `value` (call arguments: input objects, batches) holds an element frame source. */
+function holdsElementFrames(value) {
+  if (isFrameSource(value)) return isElementFrame(value);
+  return isPlain(value) && Object.values(value).some(holdsElementFrames);
+}
+
+/** `value` with every element frame source replaced by an ImageBitmap of it (pushed to `made`:
+ *  the caller transfers them). `where` names the input in errors. */
+async function portableFrames(value, made, where = "") {
+  if (isFrameSource(value)) {
+    if (!isElementFrame(value)) return value;
+    try {
+      const bitmap = await createImageBitmap(value, { premultiplyAlpha: "none", colorSpaceConversion: "none" });
+      made.push(bitmap);
+      return bitmap;
+    } catch (err) {
+      throw new GlcompError(`input ${JSON.stringify(where)}: a ${value.constructor.name} could not be read into an ImageBitmap `
+        + `for the worker (${err.message}); is the video playing, the image loaded?`);
+    }
+  }
+  if (!isPlain(value)) return value;
+  const entries = await Promise.all(Object.entries(value).map(async ([k, v]) => [k, await portableFrames(v, made, Array.isArray(value) ? where : k)]));
+  return Array.isArray(value) ? entries.map(([, v]) => v) : Object.fromEntries(entries);
 }
 
 function errorData(err) {
@@ -79,6 +113,8 @@ export class WorkerRuntime {
     this._pending = new Map();
     this._next = 1;
     this._disposed = false;
+    this._sent = Promise.resolve(); // settles once every call made so far has been posted
+    this._converting = 0; // calls waiting for their frames to become ImageBitmaps
     /** Where the steps run: "worker" (here) or "main" (Runtime). */
     this.thread = "worker";
     /** Train steps run since load, as of the last reply from the worker. */
@@ -106,22 +142,49 @@ export class WorkerRuntime {
     this._pending.clear();
   }
 
+  /** Send `op` to the worker; resolves to its reply. Calls reach the worker in the order they
+   *  are made: one whose arguments hold element frames (a <video>, a canvas) is posted once they
+   *  are ImageBitmaps, and the calls made after it wait for it. */
   _call(op, args = [], { transfer = [], onProgress } = {}) {
     if (this._disposed) return Promise.reject(new GlcompError("the runtime was disposed"));
     const id = this._next++;
     return new Promise((resolve, reject) => {
       this._pending.set(id, { resolve, reject, onProgress });
-      try {
-        this._worker.postMessage({ id, op, args }, transfer);
-      } catch (err) {
-        this._pending.delete(id);
-        reject(new GlcompError(`could not send ${op} to the glcomp worker: ${err.message}`));
+      const convert = holdsElementFrames(args);
+      if (!convert && this._converting === 0) {
+        this._post(id, op, args, transfer);
+        return;
       }
+      this._converting++;
+      this._sent = this._sent.then(async () => {
+        const made = [];
+        try {
+          const portable = convert ? await portableFrames(args, made) : args;
+          if (this._pending.has(id)) this._post(id, op, portable, [...transfer, ...made]);
+        } catch (err) {
+          made.forEach((b) => b.close());
+          if (this._pending.delete(id)) reject(err);
+        } finally {
+          this._converting--;
+        }
+      });
     });
   }
 
+  _post(id, op, args, transfer) {
+    try {
+      this._worker.postMessage({ id, op, args }, transfer);
+    } catch (err) {
+      const call = this._pending.get(id);
+      this._pending.delete(id);
+      call?.reject(new GlcompError(`could not send ${op} to the glcomp worker: ${err.message}`));
+    }
+  }
+
   /** One optimizer step; resolves to the loss. `transfer: true` moves the inputs' buffers to the
-   *  worker instead of copying them (the arrays become empty here). */
+   *  worker instead of copying them (the arrays become empty here). An image input takes the
+   *  frame sources Runtime takes; a <video>, <canvas>, <img> or OffscreenCanvas is read into an
+   *  ImageBitmap of its current pixels here (it cannot cross to the worker), the rest cross. */
   trainStep(inputs, { transfer = false } = {}) {
     return this._call("trainStep", [inputs], { transfer: transfer ? transferables(inputs) : [] });
   }
