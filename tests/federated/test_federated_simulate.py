@@ -1,7 +1,8 @@
 """``glcomp federated simulate``: a real Flower federation (simulation engine, Ray workers on this
 machine, nothing on a network) of examples/federated_digits.py dealt out to four non-IID sites
 (Dirichlet 0.5 over the labels); a site that crashes in the middle of a round;
-the accuracy target and the comparison with centralized training on the pooled data (slow)."""
+the accuracy target and the comparison with centralized training on the pooled data; the deployment
+engine (SuperLink and SuperNode processes) with a SuperNode killed in the middle of a round."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def test_simulate_non_iid_sites_survive_a_site_crashing_mid_round(tmp_path: Path
     assert len(audited) == 2  # rounds 1 and 3: it computed and sent nothing in round 2
 
 
-# -- the target, and centralized training (slow) ---------------------------------------------------------
+# -- the target, and centralized training ----------------------------------------------------------------
 def _centralized(epochs: int) -> tuple[float, float]:
     """Accuracy (%) and seconds of training the example centrally on the pooled training data,
     for `epochs` epochs on the reference runtime (the same batch order rule as a site)."""
@@ -152,7 +153,6 @@ def _centralized(epochs: int) -> tuple[float, float]:
     return 100 * evaluate(rt, prog, {"x": spec.x_test, "y": spec.y_test})["accuracy"], seconds
 
 
-@pytest.mark.slow_only
 def test_simulate_reaches_90_percent_on_non_iid_sites_and_compares_with_centralized(
     tmp_path: Path, capsys: Any
 ) -> None:
@@ -181,8 +181,7 @@ def test_simulate_reaches_90_percent_on_non_iid_sites_and_compares_with_centrali
     assert federated >= central - 5.0  # non-IID FedAvg stays within 5 points of pooled training
 
 
-# -- the deployment engine: processes on 127.0.0.1, one killed mid-federation (slow) -------------------
-@pytest.mark.slow_only
+# -- the deployment engine: processes on 127.0.0.1, one killed mid-federation --------------------------
 def test_deployment_engine_survives_a_killed_supernode(tmp_path: Path) -> None:
     """A SuperLink and three SuperNode processes; site-2's SuperNode (and its ClientApp process)
     is SIGKILLed as round 2 starts: round 2 completes with the other two after the round timeout,
