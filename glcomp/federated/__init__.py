@@ -12,6 +12,8 @@ one is rejected with a GlcompError naming the site and tensor, never aggregated.
 - `Site`, `local_train`, `evaluate`, `check_update`, `RoundStore`: the Flower-free pieces
   (glcomp.federated.core);
 - `run_simulation`: Flower's in-process simulation of a server and its sites.
+- `ClipAndNoise`: a Flower client mod clipping each site's update and adding Gaussian noise
+  (``GlcompClient(..., dp=...)``, ``--dp-clip``/``--dp-noise``; glcomp.federated.privacy).
 - ``glcomp federated simulate``: an example's data dealt out to N sites (glcomp.federated.partition)
   and federated on Flower's simulation engine or, ``--engine deployment``, on a SuperLink and
   SuperNode processes on 127.0.0.1 (glcomp.federated.cli, glcomp.federated.deploy).
@@ -68,6 +70,10 @@ def __getattr__(name: str) -> Any:
         from glcomp.federated import server
 
         return getattr(server, name)
+    if name == "ClipAndNoise":
+        from glcomp.federated.privacy import ClipAndNoise
+
+        return ClipAndNoise
     if name == "run_simulation":
         from glcomp.federated.simulation import run_simulation
 
@@ -78,6 +84,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "FLWR_REQUIREMENT",
     "STRATEGIES",
+    "ClipAndNoise",
     "GlcompClient",
     "GlcompServer",
     "RoundStore",

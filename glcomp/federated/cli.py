@@ -20,11 +20,14 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from glcomp.errors import GlcompError
+
+if TYPE_CHECKING:
+    from glcomp.federated.privacy import ClipAndNoise
 
 RUNTIMES = ("gl", "reference", "mixed")
 ENGINES = ("simulation", "deployment")
@@ -58,6 +61,54 @@ def _seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
+
+
+def _dp_clip(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite L2 norm, got {text!r}")
+    return value
+
+
+def _dp_noise(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite noise multiplier, 0 or more, got {text!r}")
+    return value
+
+
+def _add_dp_arguments(p: Any) -> None:
+    p.add_argument(
+        "--dp-clip",
+        type=_dp_clip,
+        metavar="C",
+        help="clip each site's update (its weights minus the global ones) to L2 norm C before it is sent",
+    )
+    p.add_argument(
+        "--dp-noise",
+        type=_dp_noise,
+        metavar="Z",
+        help="then add Gaussian noise of std Z*C to every weight (needs --dp-clip; default 0); "
+        "local clipping and noise per round, no privacy accounting",
+    )
+
+
+def dp_option(clip: float | None, noise: float | None) -> ClipAndNoise | None:
+    """The sites' ClipAndNoise of --dp-clip/--dp-noise (None without them); GlcompError for
+    --dp-noise without --dp-clip."""
+    if clip is None:
+        if noise is not None:
+            raise GlcompError("--dp-noise needs --dp-clip (the noise's std is Z times the clipping norm C)")
+        return None
+    from glcomp.federated.privacy import ClipAndNoise
+
+    return ClipAndNoise(clip, noise or 0.0)
 
 
 def _partition_arg(text: str) -> str:
@@ -117,6 +168,7 @@ def add_federated_command(sub: Any) -> None:
         help="Flower's simulation engine (default), or a SuperLink and one SuperNode process per site "
         "on 127.0.0.1 (flwr run)",
     )
+    _add_dp_arguments(s)
     s.set_defaults(func=cmd_simulate)
 
     v = fsub.add_parser(
@@ -206,6 +258,7 @@ def add_federated_command(sub: Any) -> None:
     t.add_argument(
         "--timeout", type=_seconds, default=None, metavar="S", help="stop after S seconds (default: never)"
     )
+    _add_dp_arguments(t)
     t.set_defaults(func=cmd_site)
 
 
@@ -266,11 +319,18 @@ def simulate(
     client_class: Any = None,
     progress: Any = print,
     engine: str = "simulation",
+    dp: ClipAndNoise | tuple[float, float] | None = None,
 ) -> Any:
     """Run ``glcomp federated simulate`` and return the GlcompServer (its ``out_dir`` holds every
     round; ``glcomp.federated.history(out_dir)`` lists them). `client_class`: a GlcompClient
-    subclass to run at the sites instead (tests use it to break a site)."""
+    subclass to run at the sites instead (tests use it to break a site). `dp`: every site clips
+    and noises its update (a `glcomp.federated.privacy.ClipAndNoise` or a ``(clip,
+    noise_multiplier)`` pair; ``--dp-clip``/``--dp-noise``)."""
     from glcomp.federated import GlcompClient, GlcompServer, run_simulation
+    from glcomp.federated.privacy import as_dp
+
+    dp = as_dp(dp)
+    dp_text = f", {dp.describe()}" if dp is not None else ""
 
     if engine not in ENGINES:
         raise GlcompError(f"--engine: expected one of {ENGINES}, got {engine!r}")
@@ -293,6 +353,7 @@ def simulate(
             runtime=runtime,
             secure=secure,
             progress=progress,
+            dp=dp,
         )
     start = time.perf_counter()
     spec, prog, sites = prepare(source, clients, partition, seed, runtime, progress)
@@ -300,7 +361,7 @@ def simulate(
     if progress is not None:
         progress(
             f"compiled {stem} in {time.perf_counter() - start:.1f} s; {clients} clients, {rounds} rounds, "
-            f"partition {partition}, {epochs} local epoch(s){', SecAgg+' if secure else ''}; "
+            f"partition {partition}, {epochs} local epoch(s){', SecAgg+' if secure else ''}{dp_text}; "
             "Flower simulation"
         )
     options = {"fedprox": {"proximal_mu": 0.01}, "fedadam": {"eta": 1e-2, "eta_l": 1e-2}}.get(strategy)
@@ -316,7 +377,7 @@ def simulate(
         progress=progress,
     )
     cls = client_class or GlcompClient
-    client = cls(prog, sites, epochs=epochs, seed=seed, audit_dir=out_dir.resolve() / "audit")
+    client = cls(prog, sites, epochs=epochs, seed=seed, audit_dir=out_dir.resolve() / "audit", dp=dp)
     run_simulation(server, client, num_supernodes=clients)
     return server
 
@@ -325,6 +386,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """``glcomp federated simulate``: see `simulate`."""
     from glcomp.federated import history
 
+    dp = dp_option(args.dp_clip, args.dp_noise)
     server = simulate(
         args.example,
         clients=args.clients,
@@ -337,6 +399,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         out=args.out,
         engine=args.engine,
+        dp=dp,
     )
     done = [r for r in history(server.out_dir) if r["round"] > 0]
     if len(done) < args.rounds:
@@ -385,6 +448,7 @@ def cmd_site(args: argparse.Namespace) -> int:
     """``glcomp federated site``: see glcomp.federated.site.run_site."""
     from glcomp.federated.site import run_site
 
+    dp = dp_option(args.dp_clip, args.dp_noise)
     return run_site(
         args.example,
         args.superlink,
@@ -401,6 +465,7 @@ def cmd_site(args: argparse.Namespace) -> int:
         round_timeout=args.round_timeout,
         timeout=args.timeout,
         progress=_say,
+        dp=dp,
     )
 
 
@@ -411,6 +476,7 @@ __all__ = [
     "cmd_server",
     "cmd_simulate",
     "cmd_site",
+    "dp_option",
     "load_example",
     "prepare",
     "simulate",

@@ -37,6 +37,7 @@ from glcomp.federated.core import (
     federated_shapes,
     local_train,
 )
+from glcomp.federated.privacy import ClipAndNoise, as_dp
 
 # Record keys in messages (Flower's strategies send "arrays" and "config").
 ARRAYS_KEY = "arrays"
@@ -65,7 +66,10 @@ class GlcompClient:
     ``proximal-mu``), which wins. `optimizer`: ``"reset"`` zeroes the optimizer state each round,
     ``"keep"`` carries the site's own state from its previous round over (kept in the node's
     Context). `audit_dir`: each site appends one JSON line per round to ``<audit_dir>/<site>.jsonl``
-    with what it computed and sent (losses, update norm, bytes and a sha256 of every tensor)."""
+    with what it computed and sent (losses, update norm, bytes and a sha256 of every tensor).
+    `dp`: clip each round's update to that L2 norm and add Gaussian noise before it leaves the
+    site (a `glcomp.federated.privacy.ClipAndNoise`, or a ``(clip, noise_multiplier)`` pair; the
+    audit records the update as trained, before clipping)."""
 
     def __init__(
         self,
@@ -78,6 +82,7 @@ class GlcompClient:
         seed: int = 0,
         lr: float | None = None,
         audit_dir: str | os.PathLike[str] | None = None,
+        dp: ClipAndNoise | tuple[float, float] | None = None,
     ) -> None:
         if optimizer not in OPTIMIZER_MODES:
             raise GlcompError(f"optimizer must be one of {OPTIMIZER_MODES}, got {optimizer!r}")
@@ -100,6 +105,7 @@ class GlcompClient:
         self.sites = sites
         self.epochs, self.steps, self.optimizer, self.seed, self.lr = epochs, steps, optimizer, seed, lr
         self.audit_dir = None if audit_dir is None else str(audit_dir)
+        self.dp = as_dp(dp)
         self.token = uuid.uuid4().hex
 
     # -- the pieces, per process ---------------------------------------------------------------------
@@ -255,13 +261,17 @@ class GlcompClient:
 
     def app(self, mods: Sequence[Any] | None = None, secure: bool = False) -> Any:
         """A `flwr.clientapp.ClientApp` running this client (`mods`: Flower client mods; `secure`
-        adds Flower's `secaggplus_mod`, which masks the reply of a SecAgg+ round)."""
+        adds Flower's `secaggplus_mod`, which masks the reply of a SecAgg+ round). The client's
+        `dp` mod comes last, innermost: it clips and noises the reply before any other mod (and
+        secaggplus_mod's masking) sees it."""
         fl = _flwr()
         mods = list(mods or [])
         if secure:
             from flwr.client.mod import secaggplus_mod
 
             mods.append(secaggplus_mod)
+        if self.dp is not None:
+            mods.append(self.dp)
         app = fl.clientapp.ClientApp(mods=mods)
         app.train()(self.train)
         app.evaluate()(self.evaluate)
@@ -295,8 +305,8 @@ class GlcompClient:
 
 def client_app(program: Any, sites: Sequence[Site] | Callable[[Any], Site], **options: Any) -> Any:
     """A Flower ClientApp training `program` at each site: ``GlcompClient(program, sites,
-    **options).app()`` (see GlcompClient for the options; ``mods=[...]`` adds Flower mods such
-    as ``secaggplus_mod``)."""
+    **options).app()`` (see GlcompClient for the options, ``dp`` among them; ``mods=[...]`` adds
+    Flower mods such as ``secaggplus_mod``)."""
     mods = options.pop("mods", None)
     return GlcompClient(program, sites, **options).app(mods=mods)
 

@@ -24,10 +24,13 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glcomp.errors import GlcompError
 from glcomp.federated import _flwr
+
+if TYPE_CHECKING:
+    from glcomp.federated.privacy import ClipAndNoise
 
 # Seconds to wait for the SuperLink's port, and for the processes to stop when asked.
 START_TIMEOUT = 60.0
@@ -81,8 +84,21 @@ def _secagg_when_asked(msg: Any, context: Any, call_next: Any) -> Any:
     return call_next(msg, context)
 
 
+def _dp_when_asked(msg: Any, context: Any, call_next: Any) -> Any:
+    """The site's clipping and noise (glcomp.federated.privacy.ClipAndNoise) when its node config
+    (``glcomp federated site --dp-clip``) or else the run config (``glcomp federated simulate
+    --engine deployment --dp-clip``) has ``dp-clip`` (and ``dp-noise``); inside secaggplus_mod, on
+    the reply before it is masked."""
+    from glcomp.federated.privacy import ClipAndNoise
+
+    for cfg in (context.node_config, context.run_config):
+        if "dp-clip" in cfg:
+            return ClipAndNoise(cfg["dp-clip"], cfg.get("dp-noise", 0.0))(msg, context, call_next)
+    return call_next(msg, context)
+
+
 server = fl.serverapp.ServerApp()
-client = fl.clientapp.ClientApp(mods=[_secagg_when_asked])
+client = fl.clientapp.ClientApp(mods=[_secagg_when_asked, _dp_when_asked])
 
 
 @server.main()
@@ -326,6 +342,7 @@ def run_deployment(
     on_round: Any = None,
     port: int = 0,
     supernodes: int | None = None,
+    dp: ClipAndNoise | None = None,
 ) -> Any:
     """Run a federation on Flower's deployment engine (see the module's docstring); prints the
     server's round lines as its rounds are saved. `on_round(federation, round_info)`: called
@@ -333,7 +350,8 @@ def run_deployment(
 
     `supernodes` (default `clients`): SuperNodes started here; ``glcomp federated server`` starts
     none (the sites start their own, ``glcomp federated site``) and gives the SuperLink's `port`
-    (0: any free port). `total_timeout` None waits for the rounds without a limit."""
+    (0: any free port). `total_timeout` None waits for the rounds without a limit. `dp`: the
+    SuperNodes started here clip and noise their updates (the run config's ``dp-clip``/``dp-noise``)."""
     from glcomp.federated import history
     from glcomp.federated.cli import prepare
     from glcomp.federated.server import _round_line
@@ -358,6 +376,9 @@ def run_deployment(
         "secure": bool(secure),
         "round-timeout": float(round_timeout),
     }
+    if dp is not None:
+        config |= {"dp-clip": float(dp.clip), "dp-noise": float(dp.noise_multiplier)}
+    dp_text = f", {dp.describe()}" if dp is not None else ""
     app_dir = write_app(out_dir / "app", config)
     seen = {r["round"] for r in history(out_dir)}
     if progress is not None and max(seen, default=0) > 0:
@@ -374,7 +395,7 @@ def run_deployment(
         elif progress is not None:
             progress(
                 f"{clients} clients, {rounds} rounds, partition {partition}, {epochs} local epoch(s)"
-                f"{', SecAgg+' if secure else ''}; "
+                f"{', SecAgg+' if secure else ''}{dp_text}; "
                 f"Flower deployment engine: SuperLink on 127.0.0.1:{fed.port}, {clients} SuperNodes"
             )
         run = fed.run(app_dir, total_timeout or 0.0)

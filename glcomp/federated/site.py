@@ -25,6 +25,7 @@ import numpy as np
 from glcomp.errors import GlcompError
 from glcomp.federated.client import GlcompClient
 from glcomp.federated.core import Site, federated_shapes
+from glcomp.federated.privacy import ClipAndNoise
 
 ROUND_TIMEOUT = 600.0
 # A site starts a new SuperNode when its SuperNode exits, at most MAX_RESTARTS times a window.
@@ -180,9 +181,12 @@ def run_site(
     timeout: float | None = None,
     progress: Any = print,
     on_ready: Any = None,
+    dp: ClipAndNoise | None = None,
 ) -> int:
     """Run ``glcomp federated site`` until interrupted (SIGINT, SIGTERM), the SuperNode exits, or
-    `timeout` seconds pass. `on_ready(info)`: called once the site is up (tests)."""
+    `timeout` seconds pass. `on_ready(info)`: called once the site is up (tests). `dp`: the site
+    clips and noises each update it sends (``--dp-clip``/``--dp-noise``: its node config's
+    ``dp-clip``/``dp-noise``, read by the ClientApp)."""
     import glcomp
     from glcomp.federated.cli import load_example, prepare
     from glcomp.federated.deploy import _free_port, _toml, _tool, check_port_free
@@ -218,6 +222,8 @@ def run_site(
     prog.save(bundle)
     node: dict[str, Any] = {"site-name": name, "bundle": str(bundle), "round-timeout": float(round_timeout)}
     node["audit"] = str(folder / "audit")
+    if dp is not None:
+        node |= {"dp-clip": float(dp.clip), "dp-noise": float(dp.noise_multiplier)}
     bridge = None
     if browser:
         from glcomp.federated.bridge import Bridge
@@ -275,7 +281,8 @@ def run_site(
         if progress is not None:
             progress(
                 f"site {name}: SuperNode started for the SuperLink at {superlink} "
-                f"({'browser' if browser else runtime}; log {folder / 'logs' / 'supernode.log'}){where}"
+                f"({'browser' if browser else runtime}{', ' + dp.describe() if dp is not None else ''}; "
+                f"log {folder / 'logs' / 'supernode.log'}){where}"
             )
             if browser and site_data is not None:
                 progress(f"site {name}: this site's data for the page to pick: {folder / 'data.safetensors'}")
