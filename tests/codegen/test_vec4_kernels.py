@@ -302,6 +302,56 @@ def test_pool_vec4_matches_reference(kind, size, k, stride, pad, dialect: str, g
         )
 
 
+@pytest.mark.parametrize(
+    "c, h, w, kernel, fast",
+    [
+        (3, 8, 8, (2, 2), True),
+        (2, 13, 8, (3, 2), True),  # the last row lies in no window: its gradient is zero
+        (2, 8, 12, (2, 4), True),
+        (2, 6, 8, (1, 1), True),
+        (2, 8, 6, (2, 2), False),  # rows of 6: not whole texels, the scalar form
+        (2, 9, 8, (3, 3), False),  # KW = 3 does not divide 4
+    ],
+)
+def test_max_pool_grad_texel_form_is_the_scalar_forms_bits(
+    c, h, w, kernel, fast, dialect: str, gl_runtime: Any, monkeypatch: pytest.MonkeyPatch
+):
+    """Windows that do not overlap (stride = kernel, no padding): the input gradient a texel at a
+    time (KH reads of the input per texel) equals the scalar form (each tap re-finding the maximum
+    of every window it could lie in) bit for bit, and the reference. Inputs with ties (a few
+    levels) and negatives: the first maximum of a window, row-major, takes the gradient."""
+    import dataclasses
+
+    from glcomp.codegen.families import base
+
+    glcomp.manual_seed(4)
+    model = nn.Sequential(
+        nn.Conv2d(c, c, 1),
+        nn.MaxPool2d(kernel),
+        nn.Flatten(),
+        nn.Linear(c * (h // kernel[0]) * (w // kernel[1]), 3),
+    )
+    prog = glcomp.compile(model, {"x": (2, c, h, w)}, loss=SumLoss(), target=dialect)
+    texel = [s for s in build_bundle(prog).shaders.values() if "bool hok = ho <" in s]
+    assert bool(texel) == fast
+    rng = np.random.default_rng(h * w)
+    x = (rng.integers(-3, 3, size=(2, c, h, w)) / 2).astype(np.float32)
+    y = rng.normal(size=(2, 3)).astype(np.float32)
+    with gl_runtime(prog) as gl:
+        got = gl.gradients(x=x, y=y)
+    want = prog.runtime("reference").gradients(x=x, y=y)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+    low = base.LOWERINGS["max_pool2d_grad"]
+    monkeypatch.setitem(base.LOWERINGS, "max_pool2d_grad", dataclasses.replace(low, root4=None))
+    scalar = glcomp.compile(model, {"x": (2, c, h, w)}, loss=SumLoss(), target=dialect)
+    assert not [s for s in build_bundle(scalar).shaders.values() if "bool hok = ho <" in s]
+    with gl_runtime(scalar) as gl:
+        slow = gl.gradients(x=x, y=y)
+    for name in got:
+        np.testing.assert_array_equal(got[name], slow[name], err_msg=name)
+
+
 class Reshaped(nn.Module):
     """x.reshape(6, 8) @ w.reshape(8, 5): operands are reshapes of stored tensors that keep the last
     axis, so their rows are the stored rows and both are read texel-wise."""

@@ -68,6 +68,39 @@ def max_pool_grad_root(r: RenderContext, n: int) -> dict[str, Any]:
     return spec | {"x": r.fn(ins[0]), "g": r.fn(ins[1])}
 
 
+@dataclass(frozen=True)
+class MaxPoolGradTexel:
+    """max_pool2d_grad.frag.j2's root4 for windows that do not overlap (stride = kernel, no
+    padding, KW dividing 4, rows of whole texels): the input texel (n, c, h, w0..w0+3) holds
+    4 / KW whole windows of one window row, read from the stored input `x_tex` (C channels)."""
+
+    params4: str
+    args4: str
+    last: str
+    row_len: int
+    x_tex: Texture
+    C: int
+
+
+def max_pool_grad_root4(r: RenderContext, n: int) -> MaxPoolGradTexel | None:
+    """The texel form where each input element lies in at most one window: KH texel reads of x
+    and 4 / KW reads of the gradient per texel, where the scalar form re-finds the maximum of
+    every window a tap could belong to (KH * KW windows of KH * KW reads per element). The
+    windows' maxima are found in the scalar form's order with its comparisons, so the values
+    are the scalar form's bit for bit."""
+    g = r.graph
+    x, _ = g.operands(n)
+    attrs = g.attrs(n)
+    kh, kw = attrs["kernel"]
+    w = g.shape(x)[3]
+    if tuple(attrs["stride"]) != (kh, kw) or any(attrs["padding"]) or 4 % kw or w % 4:
+        return None
+    x_tex = r.texture(x)
+    if x_tex is None:
+        return None
+    return MaxPoolGradTexel(**r.root4_head(n), x_tex=x_tex, C=g.shape(x)[1])
+
+
 def max_pool_grad_reads(shapes: Shapes, attrs: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
     """Per tap of the output window: an inner argmax loop over the input window (reading x at
     each of its taps) and one read of the gradient."""
@@ -93,6 +126,7 @@ register(
         loop_extent=window_extent,
         loop_reads=max_pool_grad_reads,
         root=max_pool_grad_root,
+        root4=max_pool_grad_root4,
     )
 )
 register(Lowering("avg_pool2d_grad", "avg_pool2d_grad", loop_extent=window_extent, root=avg_pool_grad_root))
