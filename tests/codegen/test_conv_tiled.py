@@ -1,9 +1,10 @@
 """Register-blocked convolutions (glcomp.codegen.families.conv: ConvTiling for conv2d and stride-1
-input gradients, WeightGradTiling for weight gradients): R output channels a fragment into R render
-targets, gathered into the product's layout.
-GL against the reference runtime over strides, paddings, kernel sizes and channel counts that R
-does not divide; the bias and activation epilogue split off after the gather; WebGL 1 and grouped
-convolutions keep the texel kernel; the cost model tiles large convolutions only."""
+input gradients, WeightGradTiling for weight gradients): R output channels (of C texels along a row
+for ConvTiling) a fragment into R * C render targets, gathered into the product's layout.
+GL against the reference runtime over strides, paddings, kernel sizes, channel counts that R
+does not divide and rows that C texels a fragment do not divide; the bias and activation epilogue
+split off after the gather; WebGL 1 and grouped convolutions keep the texel kernel; the cost model
+tiles large convolutions only."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from glcomp.codegen.families import conv as conv_family
 
 @pytest.fixture
 def force(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Tile every eligible convolution with R channels a fragment (draws free)."""
+    """Tile every eligible convolution with R channels of C texels a fragment (draws free)."""
 
-    def use(channels: int) -> None:
+    def use(channels: int, texels: int = 1) -> None:
         monkeypatch.setattr(conv_family, "CONV_CHANNELS", (channels,))
+        monkeypatch.setattr(conv_family, "CONV_TEXELS", (texels,))
         monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
         monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
 
@@ -63,22 +65,30 @@ def _tiled(prog: glcomp.Program, entry: str, template: str = "conv2d") -> list[s
 
 
 CASES = [
-    # (in channels, out channels, kernel, stride, padding, size, channels a fragment)
-    (3, 8, 3, 1, 1, 9, 4),
-    (4, 6, 3, 1, 0, 10, 4),  # 6 channels: the last group of 4 clamps
-    (2, 5, 5, 2, 2, 13, 2),  # stride 2, a 5x5 window
-    (3, 8, 1, 1, 0, 7, 8),  # pointwise
-    (2, 3, 2, 2, 1, 6, 2),  # even kernel, padding past a texel
-    (3, 4, 3, 1, 1, 33, 4),  # weight gradients in 3 partial sums (2 * 33 * 33 terms)
+    # (in channels, out channels, kernel, stride, padding, size, channels, texels a fragment)
+    (3, 8, 3, 1, 1, 9, 4, 1),
+    (4, 6, 3, 1, 0, 10, 4, 1),  # 6 channels: the last group of 4 clamps
+    (2, 5, 5, 2, 2, 13, 2, 1),  # stride 2, a 5x5 window
+    (3, 8, 1, 1, 0, 7, 8, 1),  # pointwise
+    (2, 3, 2, 2, 1, 6, 2, 1),  # even kernel, padding past a texel
+    (3, 4, 3, 1, 1, 33, 4, 1),  # weight gradients in 3 partial sums (2 * 33 * 33 terms)
+    # several texels of a row a fragment: the taps of 4 * C columns share the source's fetches
+    (3, 8, 3, 1, 1, 9, 4, 2),  # rows of 3 texels in blocks of 2: the last block half past the row
+    (4, 6, 3, 1, 0, 10, 2, 2),
+    (2, 5, 5, 2, 2, 29, 2, 2),  # stride 2, a 5x5 window
+    (3, 8, 1, 1, 0, 16, 2, 4),  # pointwise
+    (3, 4, 3, 1, 1, 33, 2, 4),  # rows of 9 texels in blocks of 4
+    (2, 3, 2, 2, 1, 30, 2, 4),  # even kernel, stride 2
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
 def test_tiled_conv_matches_reference(case: tuple[int, ...], force: Any, gl_runtime: Any) -> None:
-    c, o, k, stride, pad, size, r = case
-    force(r)
+    c, o, k, stride, pad, size, r, cb = case
+    force(r, cb)
     prog = _program(c, o, k, stride, pad, size)
     assert _tiled(prog, "train_step"), prog.explain(dump_after="tiling")
+    assert any(f" tiled {r}x{cb}" in line for line in _tiled(prog, "train_step")), _tiled(prog, "train_step")
     # the first convolution's bias and ReLU read its product straight from the tiles (no gather)
     assert any("reader gathers" in line for line in _tiled(prog, "predict")), prog.explain(dump_after="mrt")
     # the second convolution's input gradient (stride 1) runs blocked too
@@ -119,7 +129,9 @@ def test_cost_model_tiles_large_convolutions_only() -> None:
         optimizer=optim.SGD(lr=0.01),
     )
     lines = _tiled(big, "train_step")
-    assert len(lines) == 2 and all(" tiled 4x1" in line for line in lines), lines  # 4 draw buffers
+    # 4 draw buffers: 2 channels x 2 texels read 6 texels per 4 output texels a kernel row (the
+    # source's 4 and 2 weight texels), 4 channels x 1 texel 7
+    assert len(lines) == 2 and all(" tiled 2x2" in line for line in lines), lines
 
 
 def test_tiled_conv_with_half_float_storage(force: Any, gl_runtime: Any) -> None:

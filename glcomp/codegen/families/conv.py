@@ -187,9 +187,9 @@ def weight_grad_root4(r: RenderContext, n: int) -> ConvTexel | None:
 @dataclass(frozen=True)
 class ConvTiling:
     """How one conv2d kernel is register-blocked (conv2d_tiled.frag.j2): product `node` =
-    conv2d(x, w) of the stored single-page textures `x` and `w`, R output channels of four output
-    columns per fragment, written to R tiles that a gather draw copies into the product's
-    layout. `shape` holds N, C, H, W, O, OH, OW, KH, KW (the source's channels and size, the
+    conv2d(x, w) of the stored single-page textures `x` and `w`, R output channels of C output
+    texels (4 * C columns) per fragment, written to R * C tiles that a gather draw copies into
+    the product's layout. `shape` holds N, C, H, W, O, OH, OW, KH, KW (the source's channels and size, the
     output's channels and size, the window); `stride`, `padding` the conv's. With `adjoint` the
     product is conv2d_input_grad(g, w) at stride 1: the source is g (C = the conv's O), the
     output the input gradient (O = the conv's C), the taps mirrored.
@@ -203,7 +203,7 @@ class ConvTiling:
     shape: tuple[int, ...]
     stride: tuple[int, int]
     padding: tuple[int, int]
-    C: int = 1  # column texels per fragment (the matmul tiling's field, for the plan's printing)
+    C: int = 1  # output texels along a row per fragment
     S: int = 1  # chunks of the reduction (never split)
     adjoint: bool = False  # conv2d_input_grad (stride 1): x is the gradient g, the loop runs over O
 
@@ -216,33 +216,42 @@ class ConvTiling:
     def row_texels(self) -> int:
         return math.ceil(self.shape[6] / 4)
 
+    @property
+    def row_blocks(self) -> int:
+        """Blocks of C output texels along a row: fragments across a row."""
+        return -(-self.row_texels // self.C)
+
     def tile_layout(self, max_size: int) -> Layout:
-        """Each tile's texture: packed like an (N * OG * OH, 4 * RT) tensor."""
+        """Each tile's texture: packed like an (N * OG * OH, 4 * RB) tensor (RB = row_blocks)."""
         n, oh = self.shape[0], self.shape[5]
-        return layout_for((n * self.groups * oh, 4 * self.row_texels), max_size)
+        return layout_for((n * self.groups * oh, 4 * self.row_blocks), max_size)
 
     @property
     def tiles(self) -> list[int]:
         """Ids the memory plan uses for the tile temporaries (negative: never IR node ids)."""
-        return [-(self.node * 64 + i + 1) for i in range(self.R)]
+        return [-(self.node * 64 + i + 1) for i in range(self.R * self.C)]
 
     def read_params(self, max_size: int) -> dict[str, Any]:
         """How a reader finds texel (row, j) of the product, row = (n * O + o) * OH + h, in the
-        tiles, as the gather draw does (_kernel.j2's tiled fetch): tile o % R, texel
-        ((n * OG + o / R) * OH + h) * RT + j of it; components past OW (`row_len`) read as zero."""
+        tiles, as the gather draw does (_kernel.j2's tiled fetch): tile (o % R) * C + j % C,
+        texel ((n * OG + o / R) * OH + h) * RB + j / C of it; components past OW (`row_len`)
+        read as zero."""
         o, oh, ow = self.shape[4:7]
-        params = {"kind": "conv", "R": self.R, "O": o, "OG": self.groups, "OH": oh, "row_len": ow}
-        return params | {"RT": self.row_texels} | texel_params(self.tile_layout(max_size))
+        params = {"kind": "conv", "R": self.R, "C": self.C, "O": o, "OG": self.groups, "OH": oh}
+        params |= {"row_len": ow, "RB": self.row_blocks}
+        return params | texel_params(self.tile_layout(max_size))
 
     def render(self, kernel: Kernel, layouts: dict[int, Layout], target: Target) -> tuple[Rendered, Rendered]:
         """The block draw's and the gather draw's shaders."""
         _, c, h, _, o, oh, ow, kh, kw = self.shape
         (sh, sw), (ph, pw) = self.stride, self.padding
-        dmin, dmax = conv_texels(self.adjoint, sw, kw, pw)
-        params = {"R": self.R, "C": c, "H": h, "O": o, "OG": self.groups, "OH": oh, "OW": ow}
-        params |= {"KH": kh, "KW": kw, "SH": sh, "SW": sw, "PH": ph, "PW": pw, "RT": self.row_texels}
+        dmin, dmax = conv_texels(self.adjoint, sw, kw, pw, self.C)
+        params = {"R": self.R, "CB": self.C, "C": c, "H": h, "O": o, "OG": self.groups, "OH": oh, "OW": ow}
+        params |= {"KH": kh, "KW": kw, "SH": sh, "SW": sw, "PH": ph, "PW": pw}
+        params |= {"RT": self.row_texels, "RB": self.row_blocks}
         params |= {"adjoint": self.adjoint, "max_loop": target.max_loop_iterations}
-        name = f"{kernel.name} (tiled {self.R} channels{' of the adjoint' * self.adjoint})"
+        texels = f" x {self.C} texels" if self.C > 1 else ""
+        name = f"{kernel.name} (tiled {self.R} channels{texels}{' of the adjoint' * self.adjoint})"
         return _render_blocked(
             "conv2d_tiled",
             kernel,
@@ -405,14 +414,19 @@ def _render_blocked(
 
 # Output channels per fragment tried by the conv tiling (one render target each).
 CONV_CHANNELS = (8, 4, 2)
+# Output texels along a row per fragment tried by the conv tiling (R * C render targets): the
+# fetches of the source row are shared by the C texels as well as by the R channels.
+CONV_TEXELS = (1, 2, 4)
 
 
-def conv_texels(adjoint: bool, sw: int, kw: int, pw: int) -> tuple[int, int]:
-    """The first and last texel (relative to the output texel's own, times the stride) of the
-    source row that the taps of four output columns read: conv2d_root4's and input_grad_root4's."""
+def conv_texels(adjoint: bool, sw: int, kw: int, pw: int, texels: int = 1) -> tuple[int, int]:
+    """The first and last texel (relative to the first output texel's own, times the stride) of
+    the source row that the taps of `texels` output texels (4 * texels columns) read:
+    conv2d_root4's and input_grad_root4's (one texel), the conv tiling's."""
+    last = 4 * texels - 1
     if adjoint:
-        return (pw - kw + 1) // 4, (pw + 3) // 4
-    return -pw // 4, (3 * sw + kw - 1 - pw) // 4
+        return (pw - kw + 1) // 4, (pw + last) // 4
+    return -pw // 4, (last * sw + kw - 1 - pw) // 4
 
 
 def choose_conv_tiling(
@@ -442,21 +456,23 @@ def choose_conv_tiling(
     texels = batch * o * oh * rt
     today = cost.fetches(texels * c * kh * (d + wrt))
     shape = (batch, c, h, wd, o, oh, ow, kh, kw)
-    best: tuple[float, int] | None = None
+    best: tuple[float, int, int] | None = None
     for r in CONV_CHANNELS:
-        if r > target.max_draw_buffers or r > o:
-            continue
-        tiling = ConvTiling(n, x, w, r, shape, (sh, sw), (ph, pw), adjoint=adjoint)
-        if tiling.tile_layout(target.max_texture_size).pages != 1:
-            continue
-        blocks = batch * tiling.groups * oh * rt
-        work = cost.fetches(blocks * c * kh * (d + r * wrt) + texels * cost.GATHER_FETCHES)
-        work += cost.draws(1 + extra_draws, blocked=True, target=target)
-        if best is None or work < best[0]:
-            best = (work, r)
+        for cb in CONV_TEXELS:
+            if r * cb > target.max_draw_buffers or r > o or cb > rt:
+                continue
+            tiling = ConvTiling(n, x, w, r, shape, (sh, sw), (ph, pw), C=cb, adjoint=adjoint)
+            if tiling.tile_layout(target.max_texture_size).pages != 1:
+                continue
+            lo, hi = conv_texels(adjoint, sw, kw, pw, cb)
+            blocks = batch * tiling.groups * oh * tiling.row_blocks
+            work = cost.fetches(blocks * c * kh * (hi - lo + 1 + r * wrt) + texels * cost.GATHER_FETCHES)
+            work += cost.draws(1 + extra_draws, blocked=True, target=target)
+            if best is None or work < best[0]:
+                best = (work, r, cb)
     if best is None or best[0] >= today:
         return None
-    return ConvTiling(n, x, w, best[1], shape, (sh, sw), (ph, pw), adjoint=adjoint)
+    return ConvTiling(n, x, w, best[1], shape, (sh, sw), (ph, pw), C=best[2], adjoint=adjoint)
 
 
 def _extent(*axes: tuple[int, int]) -> Any:
