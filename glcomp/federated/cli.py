@@ -33,54 +33,35 @@ RUNTIMES = ("gl", "reference", "mixed")
 ENGINES = ("simulation", "deployment")
 
 
-def _positive(text: str) -> int:
+def _checked(text: str, cast: Any, ok: Any, expected: str) -> Any:
+    """`cast(text)` where `ok` accepts it, else the argparse error "expected <expected>"."""
     try:
-        value = int(text)
+        value = cast(text)
     except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _checked(text, int, lambda v: v > 0, "a positive integer")
 
 
 def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535 (0: any free port), got {text!r}")
-    return value
+    return _checked(text, int, lambda v: 0 <= v <= 65535, "a port from 0 to 65535 (0: any free port)")
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+    return _checked(text, float, lambda v: 0 < v < float("inf"), "a positive number of seconds")
 
 
 def _dp_clip(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive finite L2 norm, got {text!r}")
-    return value
+    return _checked(text, float, lambda v: 0 < v < float("inf"), "a positive finite L2 norm")
 
 
 def _dp_noise(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite noise multiplier, 0 or more, got {text!r}")
-    return value
+    return _checked(text, float, lambda v: 0 <= v < float("inf"), "a finite noise multiplier, 0 or more")
 
 
 def _add_dp_arguments(p: Any) -> None:

@@ -16,9 +16,9 @@ from glcomp.transforms.preprocess import Preprocess
 
 pytestmark = pytest.mark.browser
 
-SOURCES_JS = """
-const { base, frames, width, height } = arg;
-const rt = await g.Runtime.load(base, { quiet: true });
+# Every source kind made from the RGBA bytes `frames` (width x height each): `images`, `canvas`
+# and `kinds` (kind -> one source per frame).
+KINDS_JS = """
 const images = frames.map((bytes) => new ImageData(new Uint8ClampedArray(bytes), width, height));
 const canvas = (img) => { const c = document.createElement("canvas"); c.width = width; c.height = height;
   c.getContext("2d").putImageData(img, 0, 0); return c; };
@@ -34,6 +34,12 @@ const kinds = {
   imageBitmap: await Promise.all(images.map(bitmap)),
   videoFrame: frames.map(videoFrame),
 };
+"""
+
+SOURCES_JS = """
+const { base, frames, width, height } = arg;
+const rt = await g.Runtime.load(base, { quiet: true });
+/* KINDS */
 const out = {};
 for (const [kind, srcs] of Object.entries(kinds)) {
   const pred = await rt.predict({ x: srcs });
@@ -46,7 +52,7 @@ for (const bad of [[images[0]], [...images.slice(1), new ImageData(width + 1, he
 const info = rt.info();
 rt.dispose();
 return { out, errors, info };
-"""
+""".replace("/* KINDS */\n", KINDS_JS)
 
 
 @pytest.mark.parametrize("target", ["webgl2", "webgl1"])
@@ -75,21 +81,7 @@ WORKER_SOURCES_JS = """
 const { base, frames, width, height } = arg;
 const main = await g.load(base, { worker: false, quiet: true });
 const wk = await g.load(base, { worker: true, quiet: true });
-const images = frames.map((bytes) => new ImageData(new Uint8ClampedArray(bytes), width, height));
-const canvas = (img) => { const c = document.createElement("canvas"); c.width = width; c.height = height;
-  c.getContext("2d").putImageData(img, 0, 0); return c; };
-const offscreen = (img) => { const c = new OffscreenCanvas(width, height);
-  c.getContext("2d").putImageData(img, 0, 0); return c; };
-const bitmap = (img) => createImageBitmap(img, { premultiplyAlpha: "none", colorSpaceConversion: "none" });
-const videoFrame = (bytes) => new VideoFrame(new Uint8Array(bytes), { format: "RGBA", codedWidth: width,
-  codedHeight: height, timestamp: 0 });
-const kinds = {
-  imageData: images,
-  canvas: images.map(canvas),
-  offscreenCanvas: images.map(offscreen),
-  imageBitmap: await Promise.all(images.map(bitmap)),
-  videoFrame: frames.map(videoFrame),
-};
+/* KINDS */
 const out = {};
 for (const [kind, srcs] of Object.entries(kinds)) {
   out[kind] = Array.from((await wk.predict({ x: srcs })).data);
@@ -117,7 +109,7 @@ const after = Array.from((await wk.predict({ x: kinds.imageData })).data); // th
 main.dispose();
 await wk.dispose();
 return { out, order, fromVideo, error, after, thread: wk.thread };
-"""
+""".replace("/* KINDS */\n", KINDS_JS)
 
 
 def test_a_worker_runtime_takes_every_frame_source(page: Any, site: Any) -> None:

@@ -18,9 +18,8 @@ ACCUMULATORS = {
 
 
 @dataclass(frozen=True)
-class PoolTexel:
-    """pool.frag.j2's root4: a texel of the output from the stored input `x_tex` (C channels),
-    each row read as `D` texels from `dmin` on."""
+class _Texel:
+    """A pooling template's root4 reading the stored input `x_tex` (C channels) by texels."""
 
     params4: str
     args4: str
@@ -28,6 +27,12 @@ class PoolTexel:
     row_len: int
     x_tex: Texture
     C: int
+
+
+@dataclass(frozen=True)
+class PoolTexel(_Texel):
+    """pool.frag.j2's root4: a texel of the output, each row of x read as `D` texels from `dmin` on."""
+
     dmin: int
     D: int
 
@@ -69,17 +74,10 @@ def max_pool_grad_root(r: RenderContext, n: int) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class MaxPoolGradTexel:
+class MaxPoolGradTexel(_Texel):
     """max_pool2d_grad.frag.j2's root4 for windows that do not overlap (stride = kernel, no
     padding, KW dividing 4, rows of whole texels): the input texel (n, c, h, w0..w0+3) holds
-    4 / KW whole windows of one window row, read from the stored input `x_tex` (C channels)."""
-
-    params4: str
-    args4: str
-    last: str
-    row_len: int
-    x_tex: Texture
-    C: int
+    4 / KW whole windows of one window row."""
 
 
 def max_pool_grad_root4(r: RenderContext, n: int) -> MaxPoolGradTexel | None:
