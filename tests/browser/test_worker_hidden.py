@@ -5,9 +5,11 @@ throttling left on (benchmarks/worker_bench.py starts the browser; docs/worker.m
 Headless Chromium never hides a page, so tests/browser/test_worker.py can only background one; here the
 page must say `document.visibilityState === "hidden"` and see the `visibilitychange` events, its
 requestAnimationFrame must stop and its timers must be throttled (the background tab policy is in
-effect), and the worker must keep training at half its visible pace or more (the bound is loose
-for a loaded 2-core machine; benchmarks/worker_bench.py measures the ratio). Fails, never skips,
-when Xvfb or Chromium is missing (scripts/install.sh installs both).
+effect), and training must go on at a pace no timer-driven loop reaches there. The share of the
+visible pace is not asserted: Chromium also lowers a hidden tab's renderer priority (nice 0 -> 5 on
+Linux), so under the parallel suite's load the hidden rate measures the other tests as much as the
+runtime (benchmarks/worker_bench.py measures the ratio, interleaved). Fails, never skips, when Xvfb or
+Chromium is missing (scripts/install.sh installs both).
 """
 
 from __future__ import annotations
@@ -83,11 +85,12 @@ def _counters(pg: Any) -> dict[str, Any]:
     )
 
 
-# The worker keeps its pace hidden (benchmarks/RESULTS.md: 101-126%); training on the main thread
-# yields with zero-delay tasks and, hidden, waits for each loss with them too (timers wake about
-# once a second there): it measured 1% of its visible pace before it did, 48% after at load 8
-# (Chromium also runs a hidden page's main thread at a lower priority).
-MIN_SHARE = {"worker": 0.5, "main": 0.1}
+# A hidden page's timers wake about once a second (asserted below), so a training loop that waits on
+# them manages about a step a second: main-thread training measured 2.0 steps/s hidden when its
+# readbacks polled with setTimeout (docs/worker.md). Unthrottled, both measured 13-14 steps/s hidden
+# under the full parallel suite on 2 cores (the renderer at nice 5 against the suite's other worker)
+# and 140-176 on an idle machine.
+MIN_HIDDEN_RATE = 4.0
 
 
 @pytest.mark.parametrize("thread", ["worker", "main"])
@@ -134,9 +137,9 @@ def test_hidden_tab_keeps_training(hidden_tab_browser: Any, site: Site, thread: 
     # below its visible rate: background timer throttling is on.
     assert (v1["ticks"] - v0["ticks"]) / visible_s > 20
     assert (h1["ticks"] - h0["ticks"]) / hidden_s < 5
-    # Training went on while hidden, the worker at half its visible rate or more.
+    # Training went on while hidden at a pace the page's throttled timers cannot drive.
     assert visible_rate > 5
-    assert hidden_rate >= MIN_SHARE[thread] * visible_rate
+    assert hidden_rate >= MIN_HIDDEN_RATE
     assert hidden_steps >= h1["steps"] - h0["steps"] > 0
     # Every step's loss reached the page, in order, finite; the runtime freed its GL objects.
     assert pg.evaluate("window.__order")
