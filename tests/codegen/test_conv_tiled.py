@@ -23,9 +23,10 @@ from glcomp.codegen.families import conv as conv_family
 def force(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Tile every eligible convolution with R channels of C texels a fragment (draws free)."""
 
-    def use(channels: int, texels: int = 1) -> None:
+    def use(channels: int, texels: int = 1, inputs: int = 1) -> None:
         monkeypatch.setattr(conv_family, "CONV_CHANNELS", (channels,))
         monkeypatch.setattr(conv_family, "CONV_TEXELS", (texels,))
+        monkeypatch.setattr(conv_family, "WEIGHT_GRAD_INPUTS", (inputs,))
         monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
         monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
 
@@ -104,6 +105,54 @@ def test_tiled_conv_matches_reference(case: tuple[int, ...], force: Any, gl_runt
         state = ref.state_dict()
         for name, value in gl.state_dict().items():
             np.testing.assert_allclose(value, state[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+WEIGHT_GRAD_CASES = [
+    # (in channels, out channels, kernel, stride, padding, size, output channels, input channels)
+    (4, 4, 3, 1, 1, 9, 2, 2),  # the window slides one texel along g's row
+    (3, 6, 3, 1, 0, 10, 4, 2),  # 3 input channels in pairs: the last pair clamps
+    (5, 3, 5, 2, 2, 21, 2, 4),  # stride 2: two texels enter the window each step
+    (4, 8, 1, 1, 0, 16, 2, 4),  # pointwise: a window of one texel, nothing kept
+    (2, 3, 2, 2, 1, 14, 2, 2),  # even kernel, padding past a texel
+    (3, 4, 3, 1, 1, 33, 2, 2),  # 3 partial sums (2 * 33 * 33 terms)
+    (4, 2, 3, 3, 1, 25, 2, 4),  # stride 3 over rows of 2 texels
+]
+
+
+@pytest.mark.parametrize("case", WEIGHT_GRAD_CASES, ids=[str(c) for c in WEIGHT_GRAD_CASES])
+def test_weight_grads_blocked_over_input_channels(case: tuple[int, ...], force: Any, gl_runtime: Any) -> None:
+    """R output x C input channels a fragment, x's window sliding along g's row: the texel
+    kernel's sums, so the weights after three SGD steps match the reference."""
+    c, o, k, stride, pad, size, r, ci = case
+    force(r, 1, ci)
+    prog = _program(c, o, k, stride, pad, size)
+    lines = _tiled(prog, "train_step", "conv2d_weight_grad")
+    assert len(lines) == 2, prog.explain(dump_after="tiling")
+    # the first convolution has `c` input channels, the second `o`: each blocked by min(ci, ...)
+    assert {line.split(" tiled ")[1].split()[0] for line in lines} == {
+        f"{r}x{min(ci, c)}",
+        f"{r}x{min(ci, o)}",
+    }
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(2, c, size, size)).astype(np.float32), rng.integers(0, 3, size=2)
+    ref = prog.runtime("reference")
+    with gl_runtime(prog) as gl:
+        for _ in range(3):
+            np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=1e-4)
+        state = ref.state_dict()
+        for name, value in gl.state_dict().items():
+            np.testing.assert_allclose(value, state[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_weight_grad_fetches_follow_the_window() -> None:
+    """The cost model's fetch count: R texels of g per texel of g's row, and per input channel
+    the D texels of x's first window, then SW a step (all D where SW >= D)."""
+    # 3x3, stride 1, padding 1: D = 3; rows of 8 texels
+    d = conv_family.weight_grad_texels(1, 1)
+    assert d == (-1, 1)
+    assert conv_family.weight_grad_fetches(8, 1, 3, 1, 8) == 8 * 8 + (2 + 8)
+    assert conv_family.weight_grad_fetches(4, 2, 3, 1, 8) == 4 * 8 + 2 * (2 + 8)
+    assert conv_family.weight_grad_fetches(2, 1, 2, 3, 4) == 2 * 4 + 2 * 4  # stride 3 >= D = 2
 
 
 def test_webgl1_and_grouped_convolutions_keep_the_texel_kernel(force: Any, gl_runtime: Any) -> None:

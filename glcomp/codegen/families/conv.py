@@ -269,10 +269,10 @@ class ConvTiling:
 class WeightGradTiling:
     """How one conv2d_weight_grad kernel is register-blocked (conv2d_weight_grad_tiled.frag.j2):
     gradient `node` = conv2d_weight_grad(x, g) (in `parts` partial sums) of the stored single-page
-    textures `x` and `g`, ungrouped; R output channels of one weight texel per fragment, written to
-    R tiles that a gather draw copies into the gradient's layout. `shape` holds N, C, H, W, O,
-    OH, OW, KH, KW. Guarantee: each element is the sum the texel kernel (root4) computes, in the
-    same order; components past KW are exactly zero."""
+    textures `x` and `g`, ungrouped; R output channels x C input channels of one weight texel per
+    fragment, written to R * C tiles that a gather draw copies into the gradient's layout. `shape`
+    holds N, C, H, W, O, OH, OW, KH, KW. Guarantee: each element is the sum the texel kernel
+    (root4) computes, in the same order; components past KW are exactly zero."""
 
     node: int
     x: int
@@ -282,31 +282,38 @@ class WeightGradTiling:
     stride: tuple[int, int]
     padding: tuple[int, int]
     parts: int = 1
-    C: int = 1  # column texels per fragment (the matmul tiling's field, for the plan's printing)
+    C: int = 1  # input channels per fragment: R * C render targets
     S: int = 1
 
     @property
     def groups(self) -> int:
         return -(-self.shape[4] // self.R)
 
+    @property
+    def channel_groups(self) -> int:
+        return -(-self.shape[1] // self.C)
+
     def tile_layout(self, max_size: int) -> Layout:
-        """Each tile's texture: packed like a (P * OG * C * KH, 4 * ceil(KW / 4)) tensor."""
-        c, kh, kw = self.shape[1], self.shape[7], self.shape[8]
-        return layout_for((self.parts * self.groups * c * kh, 4 * math.ceil(kw / 4)), max_size)
+        """Each tile's texture: packed like a (P * OG * CG * KH, 4 * ceil(KW / 4)) tensor."""
+        kh, kw = self.shape[7], self.shape[8]
+        rows = self.parts * self.groups * self.channel_groups * kh
+        return layout_for((rows, 4 * math.ceil(kw / 4)), max_size)
 
     @property
     def tiles(self) -> list[int]:
-        return [-(self.node * 64 + i + 1) for i in range(self.R)]
+        return [-(self.node * 64 + i + 1) for i in range(self.R * self.C)]
 
     def render(self, kernel: Kernel, layouts: dict[int, Layout], target: Target) -> tuple[Rendered, Rendered]:
         """The block draw's and the gather draw's shaders."""
         n, c, h, _, o, oh, _, kh, kw = self.shape
         (sh, sw), (ph, pw) = self.stride, self.padding
-        dmin, dmax = -pw // 4, (3 * sw + 3 - pw) // 4
-        params = {"R": self.R, "P": self.parts, "L": part_rows(n * oh, self.parts), "N": n, "C": c}
+        dmin, dmax = weight_grad_texels(sw, pw)
+        params = {"R": self.R, "CC": self.C, "CG": self.channel_groups, "P": self.parts}
+        params |= {"L": part_rows(n * oh, self.parts), "N": n, "C": c}
         params |= {"H": h, "O": o, "OG": self.groups, "OH": oh, "KH": kh, "KW": kw}
         params |= {"SH": sh, "SW": sw, "PH": ph, "PW": pw, "RT": math.ceil(kw / 4)}
         params |= {"max_loop": target.max_loop_iterations}
+        inputs = f" x {self.C} input channels" if self.C > 1 else ""
         return _render_blocked(
             "conv2d_weight_grad_tiled",
             kernel,
@@ -316,17 +323,36 @@ class WeightGradTiling:
             self.tile_layout(target.max_texture_size),
             layouts,
             params,
-            {"kernel_name": f"{kernel.name} (tiled {self.R} channels)", "dmin": dmin, "D": dmax - dmin + 1},
+            {
+                "kernel_name": f"{kernel.name} (tiled {self.R} channels{inputs})",
+                "dmin": dmin,
+                "D": dmax - dmin + 1,
+            },
         )
+
+
+def weight_grad_texels(sw: int, pw: int) -> tuple[int, int]:
+    """The first and last texel of x's row, relative to jt + tw * SW, that weight texel jt's taps
+    read for the 4 columns of g's texel tw (stride `sw`, padding `pw`)."""
+    return -pw // 4, (3 * sw + 3 - pw) // 4
+
+
+def weight_grad_fetches(r: int, c: int, d: int, sw: int, row_texels: int) -> int:
+    """Texel fetches of a blocked weight-gradient fragment (R output x C input channels) per row
+    of g of `row_texels` texels: R of g per texel, and of x per input channel the D texels under
+    the taps for the first texel and the SW entering the window for each next."""
+    new = min(sw, d)
+    return r * row_texels + c * (d - new + new * row_texels)
 
 
 def choose_weight_grad_tiling(
     graph: Any, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
 ) -> WeightGradTiling | None:
     """The register-blocked form of a lone conv2d_weight_grad kernel over stored single-page x
-    and g (ungrouped), or None: R output channels a fragment share each fetch of x's row, so an
-    iteration costs D / R + 1 fetches per output texel instead of D + 1; chosen where the saved
-    fetches pay for the gather draw and the blocked draws."""
+    and g (ungrouped), or None: R output channels a fragment share each fetch of x's row and C
+    input channels each fetch of g's, and along g's row only the texels entering x's window are
+    fetched (weight_grad_fetches); chosen where the saved fetches pay for the gather draw and the
+    blocked draws. R * C is at most the target's draw buffers."""
     (n,) = kernel.roots
     attrs = graph.attrs(n)
     if kernel.body or attrs.get("groups", 1) != 1 or layouts[n].pages != 1:
@@ -339,27 +365,30 @@ def choose_weight_grad_tiling(
     kh, kw = attrs["kernel_hw"]
     (sh, sw), (ph, pw) = attrs["stride"], attrs["padding"]
     parts = attrs.get("parts", 1)
-    d = (3 * sw + 3 - pw) // 4 - (-pw // 4) + 1
+    dmin, dmax = weight_grad_texels(sw, pw)
+    d = dmax - dmin + 1
     grt, rt = math.ceil(ow / 4), math.ceil(kw / 4)
-    steps = part_rows(batch * oh, parts) * grt  # loop iterations per fragment
+    rows = part_rows(batch * oh, parts)  # rows of g per fragment
     texels = parts * o * c * kh * rt
-    today = cost.fetches(texels * steps * (1 + d))
+    today = cost.fetches(texels * rows * grt * (1 + d))
     shape = (batch, c, h, wd, o, oh, ow, kh, kw)
-    best: tuple[float, int] | None = None
+    best: tuple[float, int, int] | None = None
     for r in CONV_CHANNELS:
-        if r > target.max_draw_buffers or r > o:
-            continue
-        tiling = WeightGradTiling(n, x, g, r, shape, (sh, sw), (ph, pw), parts)
-        if tiling.tile_layout(target.max_texture_size).pages != 1:
-            continue
-        blocks = parts * tiling.groups * c * kh * rt
-        work = cost.fetches(blocks * steps * (r + d) + texels * cost.GATHER_FETCHES)
-        work += cost.draws(1 + extra_draws, blocked=True, target=target)
-        if best is None or work < best[0]:
-            best = (work, r)
+        for ci in sorted({min(i, c) for i in WEIGHT_GRAD_INPUTS}):
+            if r * ci > target.max_draw_buffers or r > o:
+                continue
+            tiling = WeightGradTiling(n, x, g, r, shape, (sh, sw), (ph, pw), parts, ci)
+            if tiling.tile_layout(target.max_texture_size).pages != 1:
+                continue
+            blocks = parts * tiling.groups * tiling.channel_groups * kh * rt
+            work = cost.fetches(blocks * rows * weight_grad_fetches(r, ci, d, sw, grt))
+            work += cost.fetches(texels * cost.GATHER_FETCHES)
+            work += cost.draws(1 + extra_draws, blocked=True, target=target)
+            if best is None or work < best[0]:
+                best = (work, r, ci)
     if best is None or best[0] >= today:
         return None
-    return WeightGradTiling(n, x, g, best[1], shape, (sh, sw), (ph, pw), parts)
+    return WeightGradTiling(n, x, g, best[1], shape, (sh, sw), (ph, pw), parts, best[2])
 
 
 def _render_blocked(
@@ -417,6 +446,9 @@ CONV_CHANNELS = (8, 4, 2)
 # Output texels along a row per fragment tried by the conv tiling (R * C render targets): the
 # fetches of the source row are shared by the C texels as well as by the R channels.
 CONV_TEXELS = (1, 2, 4)
+# Input channels per fragment tried by the weight-gradient tiling (R * C render targets): the
+# fetches of g's row are shared by the C input channels as well.
+WEIGHT_GRAD_INPUTS = (1, 2, 4)
 
 
 def conv_texels(adjoint: bool, sw: int, kw: int, pw: int, texels: int = 1) -> tuple[int, int]:
