@@ -266,10 +266,10 @@ def _emit_entry(
             lowered = cache.lower(renderer, plan, kernel, hypers)
             parts = [(lowered, plan.written(kernel), layouts[kernel.roots[0]])]
         else:  # a register-blocked draw into tiles, then a gather draw (families matmul, conv)
-            block, gather = t.render(kernel, dict(layouts), plan.target)
-            parts = [(Lowered.of(block), t.tiles, t.tile_layout(size))]
+            block, gather = cache.lower_tiled(kernel, t, layouts, plan.target)
+            parts = [(block, t.tiles, t.tile_layout(size))]
             if t.node not in plan.from_tiles:  # else its one reader gathers as it reads
-                parts.append((Lowered.of(gather), plan.written(kernel), layouts[t.node]))
+                parts.append((gather, plan.written(kernel), layouts[t.node]))
         draws += _draws(kernel, parts, ref, plan.blended, programs, shaders, by_source)
     return {
         "inputs": {name: [ref(n, p) for p in range(layouts[n].pages)] for name, n in plan.data_in().items()},

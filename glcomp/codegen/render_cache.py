@@ -26,6 +26,7 @@ generated name in it, or a word followed by a parenthesis) keeps the origins in 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from glcomp.codegen.families import Rendered, is_fused, safe_comment
 from glcomp.codegen.families.movement import zero_reaches_product
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import Kernel
+from glcomp.codegen.layout import Layout
 from glcomp.codegen.programs import NODE_NAME, ORIGIN, canonical, key_digest, sharing_digest
 from glcomp.codegen.render import KernelRenderer
 from glcomp.ir.ops import get_op
@@ -138,6 +140,27 @@ def shape_key(
     )
 
 
+def _split_origins(source: str, origins: str) -> tuple[str, str] | None:
+    """(head, tail): `source` is head + `origins` (its origin comment lines) + tail, and neither
+    part holds another origin line; None where the source is not laid out so. Kernels without
+    origins share entries only with each other (the keys say which): the head is then empty."""
+    at = source.find(f"\n{ORIGIN}") + 1 if origins else 0
+    if (origins and at <= 0) or source[at : at + len(origins)] != origins:
+        return None
+    head, tail = source[:at], source[at + len(origins) :]
+    if f"\n{ORIGIN}" in tail or tail.startswith(ORIGIN) or head.startswith(ORIGIN):
+        return None
+    return head, tail
+
+
+def _origin_lines(kernel: Kernel) -> tuple[str, Hashable]:
+    """The kernel's origin comment lines, and what of them a cache key holds: whether there are
+    any, or the comments themselves where canonical() could read one as code."""
+    comments = [safe_comment(o) for o in kernel.origins]
+    spliced = not any(NODE_NAME.search(c) or _CALL_LIKE.search(c) for c in comments)
+    return "".join(f"{ORIGIN}{c}\n" for c in comments), bool(comments) if spliced else tuple(comments)
+
+
 class RenderCache:
     """Lowers kernels through a `KernelRenderer`, rendering once per distinct `shape_key` (one
     cache per bundle: the target is the same for every entry point)."""
@@ -151,6 +174,9 @@ class RenderCache:
         self._position: dict[int, int] = {}
         self._hypers: Mapping[int, str] = {}
         self._facts: dict[int, tuple[Any, ...]] = {}  # _node_facts of the plan's nodes
+        # register-blocked kernels: tiled key -> per draw (head, tail, samplers as (name, role,
+        # page), uniforms, offsets, digest); a role indexes the tiling's nodes, then its tiles
+        self.tiled: dict[Hashable, list[tuple[Any, ...]]] = {}
 
     @staticmethod
     def _sampler(plan: KernelPlan, name: str, node: int, page: int) -> tuple[str, int, int]:
@@ -181,14 +207,10 @@ class RenderCache:
                     digest,
                 )
         lowered = Lowered.of(renderer.render(kernel, hypers))
-        # kernels without origins share entries only with each other (the key says which): their
-        # comments go anywhere, the head is empty
-        at = lowered.source.find(f"\n{ORIGIN}") + 1 if origins else 0
-        if (origins and at <= 0) or lowered.source[at : at + len(origins)] != origins:
+        split = _split_origins(lowered.source, origins)
+        if split is None:
             return lowered  # not the layout this cache knows: rendered every time, never wrong
-        head, tail = lowered.source[:at], lowered.source[at + len(origins) :]
-        if f"\n{ORIGIN}" in tail or tail.startswith(ORIGIN) or head.startswith(ORIGIN):
-            return lowered
+        head, tail = split
         named = _numbers_in_names(head + tail)
         pinned = tuple((i, n) for i, n in enumerate(places) if n in named)
         place = {n: i for i, n in enumerate(places)}
@@ -204,3 +226,52 @@ class RenderCache:
             (pinned, (head, tail), samplers, list(lowered.uniforms), dict(lowered.offsets), digest)
         )
         return Lowered(lowered.source, lowered.samplers, lowered.uniforms, lowered.offsets, digest)
+
+    def lower_tiled(
+        self, kernel: Kernel, tiling: Any, layouts: Mapping[int, Layout], target: Any
+    ) -> list[Lowered]:
+        """``[Lowered.of(r) for r in tiling.render(kernel, layouts, target)]`` (the block draw's and
+        the gather draw's shaders of a register-blocked kernel), from an equal tiling of other
+        nodes lowered before where there is one: the same class and fields but the node ids
+        (`NODE_FIELDS`), the same pattern of equal ids (A @ A.T), the same layouts of those nodes
+        and the same origin layout. Its shaders differ from the cached ones only in the node ids
+        that canonical() renumbers and in their origin lines; a shader naming a node id anywhere
+        else is never cached."""
+        ids = [getattr(tiling, name) for name in tiling.NODE_FIELDS]
+        origins, origin_key = _origin_lines(kernel)
+        fields = tuple(
+            (f.name, getattr(tiling, f.name))
+            for f in dataclasses.fields(tiling)
+            if f.name not in tiling.NODE_FIELDS
+        )
+        pattern = tuple(ids.index(n) for n in ids)
+        key = (type(tiling).__name__, fields, pattern, tuple(layouts[n] for n in ids), origin_key)
+        nodes = [*ids, *tiling.tiles]
+        cached = self.tiled.get(key)
+        if cached is not None:
+            return [
+                Lowered(
+                    head + origins + tail,
+                    [(s, nodes[role], page) for s, role, page in samplers],
+                    list(uniforms),
+                    dict(offsets),
+                    digest,
+                )
+                for head, tail, samplers, uniforms, offsets, digest in cached
+            ]
+        lowered = [Lowered.of(r) for r in tiling.render(kernel, dict(layouts), target)]
+        role = {n: i for i, n in reversed(list(enumerate(nodes)))}
+        entries = []
+        for low in lowered:
+            split = _split_origins(low.source, origins)
+            if split is None or _numbers_in_names(split[0] + split[1]) & set(ids):
+                return lowered  # rendered every time, never wrong
+            samplers = [(s, role[n], page) for s, n, page in low.samplers]
+            entries.append(
+                (*split, samplers, list(low.uniforms), dict(low.offsets), key_digest(split[0] + split[1]))
+            )
+        self.tiled[key] = entries
+        return [
+            Lowered(low.source, low.samplers, low.uniforms, low.offsets, entry[-1])
+            for low, entry in zip(lowered, entries, strict=True)
+        ]

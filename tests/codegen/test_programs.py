@@ -232,6 +232,46 @@ def test_kernels_differing_only_in_origins_render_once(monkeypatch: Any) -> None
     assert len(renders) < len(sources), (len(renders), len(sources))
 
 
+def test_tiled_kernels_lowered_once_equal_their_own_rendering(monkeypatch: Any) -> None:
+    """Register-blocked kernels (products, convolutions, weight gradients) that differ from an
+    earlier one only in node ids and origins take their shaders from the cache: each block and
+    gather shader equals the tiling's own rendering, samplers bound to this kernel's nodes and
+    tiles, and far fewer renders happen than blocked kernels are lowered (the heads and layers of
+    a GPT, the steps of a recurrence). Products sampling one texture twice (A @ A.T) key apart."""
+    from glcomp.codegen import cost, render_cache
+
+    monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)  # tile every product the fetch count favours
+    monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
+    lower_tiled = render_cache.RenderCache.lower_tiled
+    lowered: list[str] = []
+    misses: list[str] = []
+
+    def checked(self: Any, kernel: Any, tiling: Any, layouts: Any, target: Any) -> Any:
+        before = len(self.tiled)
+        got = lower_tiled(self, kernel, tiling, layouts, target)
+        fresh = [render_cache.Lowered.of(r) for r in tiling.render(kernel, dict(layouts), target)]
+        assert got == fresh, kernel.name
+        for g, f in zip(got, fresh, strict=True):
+            assert g.digest == render_cache.Lowered(f.source, [], [], {}).digest, kernel.name
+        lowered.append(kernel.name)
+        if len(self.tiled) > before:
+            misses.append(kernel.name)
+        return got
+
+    monkeypatch.setattr(render_cache.RenderCache, "lower_tiled", checked)
+    build_bundle(_tiny_gpt(2))
+    glcomp.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.Flatten(),
+        nn.Linear(512, 3),
+    )
+    build_bundle(glcomp.compile(model, {"x": (4, 4, 8, 8)}, nn.CrossEntropyLoss(), optim.SGD(lr=0.1)))
+    assert lowered and len(misses) < 0.5 * len(lowered), (len(lowered), len(misses))
+
+
 def _merge_origins_by_lines(shared: str, source: str) -> str:
     """merge_origins spelled out over lines (the definition its faster scan must keep)."""
     lines = shared.split("\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from glcomp.codegen import cost
 from glcomp.codegen.families.base import (
@@ -196,6 +196,8 @@ class ConvTiling:
     Guarantee: each output element is the sum the texel kernel (conv2d.frag.j2 root4) computes,
     in the same order; components past the row end are exactly zero."""
 
+    NODE_FIELDS: ClassVar[tuple[str, ...]] = ("node", "x", "w")  # the product, then what it samples
+
     node: int
     x: int
     w: int
@@ -273,6 +275,8 @@ class WeightGradTiling:
     fragment, written to R * C tiles that a gather draw copies into the gradient's layout. `shape`
     holds N, C, H, W, O, OH, OW, KH, KW. Guarantee: each element is the sum the texel kernel
     (root4) computes, in the same order; components past KW are exactly zero."""
+
+    NODE_FIELDS: ClassVar[tuple[str, ...]] = ("node", "x", "g")  # the gradient, then what it samples
 
     node: int
     x: int

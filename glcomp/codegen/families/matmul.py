@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from glcomp.codegen.families.base import (
     Fn4,
@@ -191,6 +191,8 @@ class Tiling:
     multiple of 4), B the stored texture `b` (form "b") or the transpose of stored W `b` (form
     "w"); R x C output texels per fragment; K split into `S` chunks (1: not split), their partial
     products added by the gather."""
+
+    NODE_FIELDS: ClassVar[tuple[str, ...]] = ("node", "a", "b")  # the product, then what it samples
 
     node: int
     a: int

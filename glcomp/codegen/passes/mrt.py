@@ -37,12 +37,13 @@ def mrt(plan: KernelPlan) -> KernelPlan:
     fixed = set(plan.state_out())
     alone = set()
     if plan.switches["tiling"] and plan.storage != "rgba8":
-        alone = {k.name for k in plan.kernels if _will_tile(plan.graph, k, plan.layouts, plan.target)}
+        layouts = dict(plan.layouts)  # one copy for every kernel's question (they only read it)
+        alone = {k.name for k in plan.kernels if _will_tile(plan.graph, k, layouts, plan.target)}
     kernels, resized = mrt_fusion(list(plan.kernels), plan.graph, plan.layouts, plan.target, fixed, alone)
     return plan.replace(kernels=kernels, layouts={**plan.layouts, **resized})
 
 
-def _will_tile(graph: Graph, k: Kernel, layouts: Mapping[int, Layout], target: Target) -> bool:
+def _will_tile(graph: Graph, k: Kernel, layouts: dict[int, Layout], target: Target) -> bool:
     """Whether the tiling pass will run lone kernel `k` in its family's register-blocked form
     (a convolution's, a batched product's), or, on a target that names the fragments a draw
     needs, split its product over K to fill the device: such a kernel stays out of MRT groups,
@@ -51,11 +52,11 @@ def _will_tile(graph: Graph, k: Kernel, layouts: Mapping[int, Layout], target: T
         return False
     low = lowering(graph.op(k.roots[0]))
     if low is not None and low.tiled is not None:
-        return low.tiled(graph, k, dict(layouts), target) is not None
+        return low.tiled(graph, k, layouts, target) is not None
     batched = len(graph.shape(k.roots[0])) == 3
     if target.parallel_fragments is None and not batched:
         return False
-    t = choose_tiling(graph, k, dict(layouts), target)
+    t = choose_tiling(graph, k, layouts, target)
     # a batched product tiled (attention's) or a product split over K: kept out of groups
     return isinstance(t, Tiling) and (t.batch_rows > 0 or t.S > 1)
 
