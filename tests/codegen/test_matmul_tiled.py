@@ -427,8 +427,7 @@ def test_fused_operand_is_computed_first_and_the_product_tiled(kind: str, force:
         max_draw_buffers=8,
     )
     assert split_off_inputs(prog, "predict"), "the concatenation is not computed by a kernel of its own"
-    # the weight gradient g.T @ cat reads the concatenation the forward computed (fold_views)
-    assert split_off_inputs(prog, "gradients")
+    assert len(split_off_inputs(prog, "gradients")) >= 2  # forward and the weight gradient's operand
     assert "4 x 2" in tiled_shapes(prog)
     check(prog, gl_runtime, (9, out), seed=5)
     rng = np.random.default_rng(4)

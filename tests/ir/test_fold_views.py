@@ -79,9 +79,8 @@ def test_transpose_of_a_product_moves_onto_its_operands() -> None:
     np.testing.assert_allclose(evaluate(out, feed)["dk"], evaluate(g, feed)["dk"], rtol=1e-12)
 
 
-def test_a_2d_product_transposed_moves_onto_its_operands() -> None:
-    """A Linear's weight gradient (x.T @ g).T becomes g.T @ x: its update reads the product a
-    texel at a time, not transposed (the same products summed over the same K)."""
+def test_a_2d_product_transposed_stays() -> None:
+    """A Linear's weight gradient (x.T @ g).T: its update reads the product transposed."""
     g = Graph()
     x = g.add_input("x", (6, 4), "data")
     gy = g.add_input("g", (6, 3), "data")
@@ -89,14 +88,7 @@ def test_a_2d_product_transposed_moves_onto_its_operands() -> None:
         "permute", [g.add("matmul", [g.add("permute", [x], perm=(1, 0)), gy])], perm=(1, 0)
     )
     out = fold_views(g)
-    out.validate()
-    dw = out.outputs["dw"]
-    assert out.op(dw) == "matmul"
-    a, b = out.operands(dw)
-    assert b == x and out.op(a) == "permute" and list(out.operands(a)) == [gy]
-    rng = np.random.default_rng(2)
-    feed = {"x": rng.normal(size=(6, 4)), "g": rng.normal(size=(6, 3))}
-    np.testing.assert_allclose(evaluate(out, feed)["dw"], evaluate(g, feed)["dw"], rtol=1e-12)
+    assert out is g
 
 
 def test_a_product_read_elsewhere_or_without_a_transposed_operand_stays() -> None:

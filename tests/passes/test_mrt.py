@@ -15,12 +15,12 @@ def test_mrt_golden(plan_of, around, golden) -> None:
     golden(
         after,
         """
-        plan gradients after mrt: 26 nodes, 10 stored, 5 kernels
+        plan gradients after mrt: 27 nodes, 10 stored, 5 kernels
         k0_sub map 2x1 writes %9(multi-reader) reads %0:x %1:weight %2:bias %8:y fuses 5 loops 16
         k1_mul map 1x1 writes %14(output) reads %9 fuses 4 loops 24
         k2_mul+k3 map 2x1 writes %16(multi-reader) %22(multi-reader) reads %9 fuses 7 loops 0
         k4_reshape map 1x1 writes %25(output) reads %22 fuses 1 loops 8
-        k5_matmul matmul 2x2 writes %33(output) reads %0:x %22 fuses 1 loops 8
+        k5_permute map 2x2 writes %30(output) reads %0:x %22 fuses 2 loops 8
         """,
     )
     assert after.layouts[16] != before.layouts[16]  # resized to the group's footprint

@@ -8,7 +8,7 @@ read a texel at a time. Rules, applied bottom-up until none matches:
     permute(permute(x, p), q)  ->  permute(x, p o q), or x when that is the identity
     reshape(reshape(x, s), t)  ->  reshape(x, t), or x when t is x's shape
     permute(x, identity), reshape(x, x.shape)  ->  x
-    permute(bmm(a, b), swap of the last two axes)  ->  bmm(permute(b), permute(a)), and so for matmul
+    permute(bmm(a, b), swap of the last two axes)  ->  bmm(permute(b), permute(a))
         when the product has no other reader and a or b is itself such a transpose, which
         then folds away
 
@@ -16,19 +16,14 @@ The last rule is autodiff's too: the gradient of ``q @ k.T`` with respect to ``k
 ``(q.T @ g).T``, whose reader sees a transpose of a product (read an element at a time, never a
 stored texture a Linear's weight gradient can read by rows); ``g.T @ q`` is the same products,
 summed over the same K, with the transpose moved onto an operand. The number of transposed
-operands does not grow (one of the two cancels). 2-D products too: a Linear's weight gradient
-``(x.T @ g).T`` becomes ``g.T @ x``, which its update reads a texel at a time, where the
-transpose read four texels of the product for each of its own (from four render-target tiles
-of a blocked product, chosen per component: 7.45 ms for the 256 x 8192 weight of a VGG-style
-CNN's first Linear on an H200, against 0.7 ms for a same-sized elementwise read of tiles).
+operands does not grow (one of the two cancels). 2-D products are left as they are: a Linear's
+weight gradient ``(x.T @ g).T`` is read transposed by its update, a form the kernels read as
+well as the other.
 """
 
 from __future__ import annotations
 
 from glcomp.ir.graph import Graph, origin
-
-# Products whose transposes the last rule moves onto their operands.
-PRODUCTS = ("bmm", "matmul")
 
 
 def _swaps_last(graph: Graph, n: int) -> bool:
@@ -45,7 +40,7 @@ def _product_transpose(graph: Graph, n: int) -> bool:
     if not _swaps_last(graph, n):
         return False
     (src,) = graph.operands(n)
-    if graph.op(src) not in PRODUCTS:
+    if graph.op(src) != "bmm":
         return False
     if graph.read_count(src) != 1 or src in set(graph.outputs.values()):
         return False
@@ -107,9 +102,8 @@ def fold_views(graph: Graph) -> Graph:
 
     Requires a valid graph; the result computes the same outputs (views move values, they never
     change them; a product and the transposed product of transposes multiply the same pairs and
-    sum them over the same K, in an order whose grouping into texels may differ: the last bits
-    of a sum may, as for any order of a float sum) and is pruned of the views it bypassed. A
-    graph with nothing to fold or prune is returned as it is (not copied).
+    sum them over K in the same order) and is pruned of the views it bypassed. A graph with nothing to fold or
+    prune is returned as it is (not copied).
     """
     if not any(_foldable(graph, n) for n in graph.g) and len(graph.live()) == len(graph.g):
         return graph
