@@ -212,6 +212,12 @@ class Views(nn.Module):
             return (prim("pad", x[:, :, 0:6], before=(0, 0, 4), after=(1, 0, 1)) - 1.0).exp()
         if self.form == "pad_unaligned":  # 3 zeros before each row: gathered
             return (prim("pad", x, before=(0, 0, 3), after=(0, 0, 0)) - 1.0).exp()
+        if self.form == "concat_lead":  # rows stacked along a leading axis: whole texels
+            return (glcomp.cat([x.permute(1, 0, 2), self.w * 2.0, x.permute(1, 0, 2)], dim=1) + 1.0).tanh()
+        if self.form == "concat_last_aligned":  # rows of 8 and 4 joined: each texel in one operand
+            return (glcomp.cat([x, self.w[:, :, 0:4].permute(1, 0, 2)], dim=2) * 0.5).exp()
+        if self.form == "concat_last_unaligned":  # rows of 6 and 2 joined: gathered
+            return (glcomp.cat([x[:, :, 0:6], x[:, :, 6:8] * 3.0], dim=2) - 1.0).exp()
         return (x.reshape(2, 24) * 3.0).sigmoid()  # rows of 24: gathered
 
 
@@ -227,6 +233,10 @@ VIEW_READS = {
     "pad_aligned": 1,
     "pad_aligned_ragged": 1,
     "pad_unaligned": 4,
+    # a branch per operand: every operand's texel read is counted, one runs
+    "concat_lead": 3,
+    "concat_last_aligned": 2,
+    "concat_last_unaligned": 8,
 }
 
 

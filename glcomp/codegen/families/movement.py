@@ -185,6 +185,44 @@ def concat_emit(r: RenderContext, n: int, args: list[str]) -> list[str]:
     return lines
 
 
+def concat_emit4(r: RenderContext, n: int, lead: list[str]) -> Vec4Body | None:
+    """A concatenation along a leading axis, or along the last where every operand's length is a
+    multiple of 4: each output texel lies in one operand's texel, read whole at the shifted index
+    (a branch per operand, or on GLSL ES 1.00 every operand read at a clamped index and the
+    texel selected, as in concat_emit). Other concatenations are gathered per component."""
+    g = r.graph
+    ins = g.operands(n)
+    rank = len(g.shape(n))
+    axis = g.attrs(n)["axis"] % rank
+    last = axis == rank - 1
+    if last and any(g.shape(src)[axis] % 4 for src in ins):
+        return None
+    index = "j0" if last else lead[axis]
+    branchless = r.webgl1
+    at, lines = 0, []
+    for k, src in enumerate(ins):
+        size = g.shape(src)[axis]
+        pos = f"{index} - {at}" if at else index
+        if branchless:
+            pos = f"iclamp({pos}, 0, {size - (4 if last else 1)})"
+        src_lead = [pos if i == axis else a for i, a in enumerate(lead)]
+        value = r.call4(src, src_lead, f"({pos})" if last else "j0")
+        if branchless:
+            lines.append(f"vec4 x{k} = {value};")
+        elif k == len(ins) - 1:
+            lines.append(f"return {value};")
+        else:
+            lines.append(f"if ({index} < {at + size}) return {value};")
+        at += size
+    if branchless:
+        expr, at = f"x{len(ins) - 1}", sum(g.shape(i)[axis] for i in ins)
+        for k in reversed(range(len(ins) - 1)):
+            at -= g.shape(ins[k + 1])[axis]
+            expr = f"({index} < {at} ? x{k} : {expr})"
+        lines.append(f"return {expr};")
+    return Vec4Body(lines, list(dict.fromkeys(ins)), [])
+
+
 # -- one_hot (index) -------------------------------------------------------------------------------
 def one_hot_emit(r: RenderContext, n: int, args: list[str]) -> list[str]:
     """The label read at the leading indices, rounded, compared with the last index."""
@@ -245,6 +283,6 @@ register(Lowering("permute", "map", emit=permute_emit, emit4=permute_emit4))
 register(Lowering("expand", "map", emit=expand_emit, emit4=expand_emit4))
 register(Lowering("slice", "map", emit=slice_emit, emit4=slice_emit4))
 register(Lowering("pad", "map", emit=pad_emit, emit4=pad_emit4))
-register(Lowering("concat", "map", emit=concat_emit))
+register(Lowering("concat", "map", emit=concat_emit, emit4=concat_emit4))
 register(Lowering("one_hot", "map", emit=one_hot_emit, emit4=one_hot_emit4))
 register(Lowering("const", "map", emit=const_emit))
