@@ -184,8 +184,11 @@ def test_simulate_reaches_90_percent_on_non_iid_sites_and_compares_with_centrali
 # -- the deployment engine: processes on 127.0.0.1, one killed mid-federation --------------------------
 def test_deployment_engine_survives_a_killed_supernode(tmp_path: Path) -> None:
     """A SuperLink and three SuperNode processes; site-2's SuperNode (and its ClientApp process)
-    is SIGKILLed as round 2 starts: round 2 completes with the other two after the round timeout,
-    and site-2's restarted SuperNode (a new Flower node, same partition-id) rejoins round 3."""
+    is SIGKILLed as round 2 starts: round 2 completes without it after the round timeout, and
+    site-2's restarted SuperNode (a new Flower node, same partition-id) rejoins round 3. Which of
+    the survivors answer in time is the machine's load, not the engine's: under the parallel suite
+    on 2 cores site-0 once missed a 30 s round 2 (only site-1 answered), so the timeout is 60 s and
+    the rounds are checked for the killed site's absence and return, not for every survivor."""
     import time
 
     from glcomp.federated.deploy import run_deployment
@@ -215,7 +218,7 @@ def test_deployment_engine_survives_a_killed_supernode(tmp_path: Path) -> None:
         strategy="fedavg",
         runtime="reference",
         progress=lines.append,
-        round_timeout=30.0,
+        round_timeout=60.0,
         min_clients=2,
         total_timeout=400.0,
         on_round=on_round,
@@ -224,8 +227,9 @@ def test_deployment_engine_survives_a_killed_supernode(tmp_path: Path) -> None:
     rounds = _rounds(lines)
     names = {r["round"]: sorted(s["name"] for s in r["sites"]) for r in result.history}
     assert names[1] == ["site-0", "site-1", "site-2"], lines
-    assert names[2] == ["site-0", "site-1"], lines  # the round went on without the killed site
-    assert names[3] == ["site-0", "site-1", "site-2"], lines  # which rejoined
+    # the round went on without the killed site, with the survivors that answered in time
+    assert names[2] and set(names[2]) <= {"site-0", "site-1"}, lines
+    assert "site-2" in names[3], lines  # which rejoined
     assert rounds[1][3] < rounds[3][3]
     times = [r["seconds"] for r in result.history]
     print(f"deployment engine: seconds per round {[round(t, 1) for t in times]}; {lines[-1]}")
