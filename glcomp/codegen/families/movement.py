@@ -177,12 +177,18 @@ def concat_emit(r: RenderContext, n: int, args: list[str]) -> list[str]:
             lines.append(ret if last else f"if ({args[axis]} < {at + size}) {ret}")
         at += size
     if branchless:
-        expr, at = f"x{len(ins) - 1}", sum(g.shape(i)[axis] for i in ins)
-        for k in reversed(range(len(ins) - 1)):
-            at -= g.shape(ins[k + 1])[axis]
-            expr = f"({args[axis]} < {at} ? x{k} : {expr})"
-        lines.append(f"return {expr};")
+        lines.append(f"return {_select_operand(args[axis], [g.shape(i)[axis] for i in ins])};")
     return lines
+
+
+def _select_operand(index: str, sizes: list[int]) -> str:
+    """The branchless selection of a concatenation's operand values x0, x1, ... by `index`
+    along the axis (operand k covering `sizes[k]` positions after the previous ones)."""
+    expr, at = f"x{len(sizes) - 1}", sum(sizes)
+    for k in reversed(range(len(sizes) - 1)):
+        at -= sizes[k + 1]
+        expr = f"({index} < {at} ? x{k} : {expr})"
+    return expr
 
 
 def concat_emit4(r: RenderContext, n: int, lead: list[str]) -> Vec4Body | None:
@@ -215,11 +221,7 @@ def concat_emit4(r: RenderContext, n: int, lead: list[str]) -> Vec4Body | None:
             lines.append(f"if ({index} < {at + size}) return {value};")
         at += size
     if branchless:
-        expr, at = f"x{len(ins) - 1}", sum(g.shape(i)[axis] for i in ins)
-        for k in reversed(range(len(ins) - 1)):
-            at -= g.shape(ins[k + 1])[axis]
-            expr = f"({index} < {at} ? x{k} : {expr})"
-        lines.append(f"return {expr};")
+        lines.append(f"return {_select_operand(index, [g.shape(i)[axis] for i in ins])};")
     return Vec4Body(lines, list(dict.fromkeys(ins)), [])
 
 
