@@ -33,7 +33,9 @@ from glcomp import nn, optim
 
 @dataclasses.dataclass
 class Workload:
-    """A model, its optimizer and one fixed batch, for glcomp and (as a mirror) torch."""
+    """A model, its optimizer and one fixed batch, for glcomp and (as a mirror) torch: class labels
+    in [0, classes) and cross-entropy, or (with `target_shape`, the model's output shape) a target
+    of uniform [0, 1) values, heat maps, and the mean squared error."""
 
     name: str
     description: str
@@ -41,6 +43,11 @@ class Workload:
     optimizer: Callable[[], optim.Optimizer]
     x_shape: tuple[int, ...]
     classes: int = 10
+    target_shape: tuple[int, ...] | None = None
+
+    def loss(self, lib: Any = nn) -> Any:
+        """The training loss as a module of `lib` (glcomp.nn or torch.nn)."""
+        return lib.MSELoss() if self.target_shape is not None else lib.CrossEntropyLoss()
 
 
 class LastStep(nn.Module):
@@ -95,6 +102,78 @@ def _mobilenet_layers(lib: Any) -> list[Any]:
         layers += [lib.Conv2d(cin, cin, 3, stride=stride, padding=1, groups=cin, bias=False), *bn_relu(cin)]
         layers += [lib.Conv2d(cin, cout, 1, bias=False), *bn_relu(cout)]
     return [*layers, lib.AdaptiveAvgPool2d(1), lib.Flatten(), lib.Linear(64, 10)]
+
+
+def _residual_block(lib: Any, cin: int, cout: int, stride: int) -> Any:
+    """A ResNet basic block for glcomp.nn and torch.nn (`lib`): conv 3x3 (stride `stride`) +
+    BatchNorm + ReLU, conv 3x3 + BatchNorm, plus the shortcut (the identity, or a 1x1 conv at
+    `stride` + BatchNorm where the shape changes), then ReLU. Convolutions without bias."""
+
+    class Block(lib.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = lib.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+            self.bn1 = lib.BatchNorm2d(cout)
+            self.conv2 = lib.Conv2d(cout, cout, 3, padding=1, bias=False)
+            self.bn2 = lib.BatchNorm2d(cout)
+            self.relu = lib.ReLU()
+            self.short = lib.Identity()
+            if stride != 1 or cin != cout:
+                self.short = lib.Sequential(
+                    lib.Conv2d(cin, cout, 1, stride=stride, bias=False), lib.BatchNorm2d(cout)
+                )
+
+        def forward(self, x: Any) -> Any:
+            y = self.relu(self.bn1(self.conv1(x)))
+            return self.relu(self.bn2(self.conv2(y)) + self.short(x))
+
+    return Block()
+
+
+def _resnet_layers(lib: Any) -> list[Any]:
+    """ResNet-style residual CNN at a browser size (realistic.py's resnet at half its widths), for
+    glcomp.nn and torch.nn (`lib`): 3x32x32, conv 3-16 3x3 + BatchNorm + ReLU, two basic blocks
+    at 16 channels (32x32), a block 16-32 at stride 2 (1x1 stride-2 projection shortcut) and one
+    at 32 (16x16), global average pool, Linear 32-10. 43,226 parameters."""
+    stem = [lib.Conv2d(3, 16, 3, padding=1, bias=False), lib.BatchNorm2d(16), lib.ReLU()]
+    blocks = [_residual_block(lib, 16, 16, 1), _residual_block(lib, 16, 16, 1)]
+    blocks += [_residual_block(lib, 16, 32, 2), _residual_block(lib, 32, 32, 1)]
+    return [*stem, *blocks, lib.AdaptiveAvgPool2d(1), lib.Flatten(), lib.Linear(32, 10)]
+
+
+def _hourglass(lib: Any) -> Any:
+    """An hourglass encoder-decoder at a browser size (realistic.py's hourglass at half its widths,
+    with additive skips), for glcomp.nn and torch.nn (`lib`): 3x64x64, three stages down (conv
+    3x3 stride 2 + BatchNorm + ReLU, 3-16 at 32x32, 16-32 at 16x16, 32-64 at 8x8), conv 64-64 3x3
+    + ReLU, three stages up (ConvTranspose2d 4x4 stride 2 padding 1 + BatchNorm + ReLU, 64-32,
+    32-16, 16-16), the first two each plus the encoder's output at its resolution, then a 1x1
+    conv 16-16: 16 heat maps at 64x64. 106,256 parameters."""
+
+    def down(cin: int, cout: int) -> Any:
+        conv = lib.Conv2d(cin, cout, 3, stride=2, padding=1)
+        return lib.Sequential(conv, lib.BatchNorm2d(cout), lib.ReLU())
+
+    def up(cin: int, cout: int) -> Any:
+        return lib.Sequential(
+            lib.ConvTranspose2d(cin, cout, 4, stride=2, padding=1), lib.BatchNorm2d(cout), lib.ReLU()
+        )
+
+    class Hourglass(lib.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down1, self.down2, self.down3 = down(3, 16), down(16, 32), down(32, 64)
+            self.mid = lib.Sequential(lib.Conv2d(64, 64, 3, padding=1), lib.ReLU())
+            self.up1, self.up2, self.up3 = up(64, 32), up(32, 16), up(16, 16)
+            self.head = lib.Conv2d(16, 16, 1)
+
+        def forward(self, x: Any) -> Any:
+            d1 = self.down1(x)
+            d2 = self.down2(d1)
+            y = self.up1(self.mid(self.down3(d2))) + d2
+            y = self.up2(y) + d1
+            return self.head(self.up3(y))
+
+    return Hourglass()
 
 
 WORKLOADS = {
@@ -157,12 +236,35 @@ WORKLOADS = {
         lambda: optim.Adam(lr=1e-3),
         (32, 3, 32, 32),
     ),
+    # A residual CNN and an encoder-decoder (realistic.py's resnet and hourglass at browser sizes),
+    # not in the default run of bench_browser.py: run them with --workloads resnet,hourglass. The
+    # ResNet's batch is 16: at 32 a step took 3.8 s in SwiftShader, 5x vgg's (2.8x vgg's multiply-
+    # adds per image: four 3x3 convolutions at 16 channels run at 32x32, where vgg has two).
+    "resnet": Workload(
+        "resnet",
+        "ResNet-style 3x32x32; Conv 3-16 (BatchNorm, ReLU), basic blocks 16, 16, 16-32 stride 2 "
+        "(1x1 projection), 32 (BatchNorm), global average pool, Linear 32-10; batch 16; Adam 1e-3",
+        lambda: nn.Sequential(*_resnet_layers(nn)),
+        lambda: optim.Adam(lr=1e-3),
+        (16, 3, 32, 32),
+    ),
+    "hourglass": Workload(
+        "hourglass",
+        "hourglass 3x64x64 -> 16 heat maps 64x64; Conv stride 2 down 16-32-64, ConvTranspose2d up "
+        "32-16-16 with 2 additive skips (BatchNorm, ReLU), 1x1 head; batch 8; MSE; Adam 1e-3",
+        lambda: _hourglass(nn),
+        lambda: optim.Adam(lr=1e-3),
+        (8, 3, 64, 64),
+        target_shape=(8, 16, 64, 64),
+    ),
 }
 
 
 def _batch(w: Workload) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal(w.x_shape).astype(np.float32)
+    if w.target_shape is not None:
+        return x, rng.random(w.target_shape, dtype=np.float32)
     y = rng.integers(0, w.classes, size=w.x_shape[0]).astype(np.int64)
     return x, y
 
@@ -199,9 +301,7 @@ def bench_glcomp(
     glcomp.manual_seed(0)
     x, y = _batch(w)
     start = time.perf_counter()
-    prog = glcomp.compile(
-        w.model(), {"x": w.x_shape}, nn.CrossEntropyLoss(), w.optimizer(), passes=dict(passes)
-    )
+    prog = glcomp.compile(w.model(), {"x": w.x_shape}, w.loss(), w.optimizer(), passes=dict(passes))
     rt = prog.runtime(runtime)
     setup = time.perf_counter() - start
     times = _time_steps(lambda: rt.train_step(x=x, y=y), warmup, steps)
@@ -250,6 +350,10 @@ def _torch_model(name: str) -> Any:
         return tnn.Sequential(*_vgg_layers(tnn)), lambda p: torch.optim.Adam(p, lr=1e-3)
     if name == "mobilenet":
         return tnn.Sequential(*_mobilenet_layers(tnn)), lambda p: torch.optim.Adam(p, lr=1e-3)
+    if name == "resnet":
+        return tnn.Sequential(*_resnet_layers(tnn)), lambda p: torch.optim.Adam(p, lr=1e-3)
+    if name == "hourglass":
+        return _hourglass(tnn), lambda p: torch.optim.Adam(p, lr=1e-3)
     inputs, hidden = {"lstm": (32, 128), "lstm256": (64, 256)}[name]
 
     class TorchLastStep(tnn.Module):
@@ -275,7 +379,7 @@ def bench_torch(w: Workload, warmup: int, steps: int, device: str = "cpu") -> di
     model, make_opt = _torch_model(w.name)
     model = model.to(device)
     opt = make_opt(model.parameters())
-    loss_fn = torch.nn.CrossEntropyLoss()
+    loss_fn = w.loss(torch.nn)
     x, y = (torch.from_numpy(a).to(device) for a in _batch(w))
 
     def step() -> float:

@@ -54,7 +54,6 @@ from typing import Any
 import numpy as np
 
 import glcomp
-from glcomp import nn
 from glcomp.serve import make_server
 
 SWIFTSHADER_ARGS = [
@@ -130,8 +129,7 @@ class _ConsolePages:
 
 def _workloads() -> dict[str, Any]:
     """The workloads of benchmarks/bench.py."""
-    workloads = _bench().WORKLOADS
-    return {name: (w.model, w.optimizer, tuple(w.x_shape), w.classes) for name, w in workloads.items()}
+    return dict(_bench().WORKLOADS)
 
 
 PEERS = ("tfjs",)
@@ -175,7 +173,8 @@ async (arg) => {
   let t = performance.now();
   const rt = await g.Runtime.load(arg.base, { quiet: true, readback: arg.readback });
   const loadMs = performance.now() - t;
-  const batch = { x: Float32Array.from(arg.x), y: Int32Array.from(arg.y) };
+  const y = arg.yFloat ? Float32Array.from(arg.y) : Int32Array.from(arg.y); // heat maps or class labels
+  const batch = { x: Float32Array.from(arg.x), y };
   t = performance.now();
   await rt.trainStep(batch);
   const firstMs = performance.now() - t;
@@ -312,15 +311,14 @@ def run(
         peer_url = f"http://127.0.0.1:{peer_server.server_address[1]}/" if peer_server else ""
         batches, progs = {}, {}
         for name in names:
-            model, make_opt, shape, classes = workloads[name]
-            rng = np.random.default_rng(0)
-            x = rng.standard_normal(shape).astype(np.float32)
-            y = rng.integers(0, classes, size=shape[0])
+            w = workloads[name]
+            shape = tuple(w.x_shape)
+            x, y = _bench()._batch(w)  # class labels, or heat maps (float) for an MSE workload
             batches[name] = (x, y, shape)
             for target in targets:
                 print(f"  compiling {name} / {target} ...", file=sys.stderr, flush=True)
                 glcomp.manual_seed(0)
-                prog = glcomp.compile(model(), {"x": shape}, nn.CrossEntropyLoss(), make_opt(), target=target)
+                prog = glcomp.compile(w.model(), {"x": shape}, w.loss(), w.optimizer(), target=target)
                 prog.save(root / f"{name}_{target}")
                 progs[name, target] = prog
         browser_args = [*(GPU_ARGS if gpu else SWIFTSHADER_ARGS), *chromium_args]
@@ -338,7 +336,8 @@ def run(
                         page.add_init_script(COUNTERS_JS)
                         common = {
                             "x": x.ravel().tolist(),
-                            "y": y.tolist(),
+                            "y": y.ravel().tolist(),
+                            "yFloat": y.dtype.kind == "f",
                             "steps": steps,
                             "warmup": max(1, warmup),
                             "readback": readback,

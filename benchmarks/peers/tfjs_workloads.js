@@ -87,9 +87,57 @@ function mobilenetModel(tf) {
   return tf.sequential({ layers });
 }
 
+const batchNorm = (tf) => tf.layers.batchNormalization({ momentum: 0.9, epsilon: 1e-5 });
+
+/** bench.py's resnet, in the functional API (tf.model; tf.layers.add joins each block's branches):
+ *  conv 3-16 3x3 + BatchNorm + ReLU, basic blocks (conv 3x3 + BatchNorm + ReLU, conv 3x3 +
+ *  BatchNorm, plus the shortcut, then ReLU) at 16, 16, 16-32 stride 2 and 32 channels, global
+ *  average pool, Linear 32-10; batch 16, Adam 1e-3; convolutions without bias, BatchNorm as in
+ *  mobilenetModel (torch's momentum and eps). The stride-2 block's shortcut is a 1x1 conv at
+ *  stride 2 + BatchNorm, as in torch (padding 0 either way: the same pixels); its 3x3 conv at
+ *  stride 2 pads as mobilenet's (the same output size). */
+function resnetModel(tf) {
+  const conv = (filters, kernelSize, strides = 1) =>
+    tf.layers.conv2d({ filters, kernelSize, strides, padding: "same", useBias: false });
+  const convBn = (x, filters, kernelSize, strides) => batchNorm(tf).apply(conv(filters, kernelSize, strides).apply(x));
+  const block = (x, filters, strides) => {
+    const y = convBn(tf.layers.reLU().apply(convBn(x, filters, 3, strides)), filters, 3, 1);
+    const short = strides !== 1 || x.shape[3] !== filters ? convBn(x, filters, 1, strides) : x;
+    return tf.layers.reLU().apply(tf.layers.add().apply([y, short]));
+  };
+  const input = tf.input({ shape: [32, 32, 3] });
+  let x = tf.layers.reLU().apply(convBn(input, 16, 3, 1));
+  for (const [filters, strides] of [[16, 1], [16, 1], [32, 2], [32, 1]]) x = block(x, filters, strides);
+  const output = tf.layers.dense({ units: 10 }).apply(tf.layers.globalAveragePooling2d({}).apply(x));
+  return tf.model({ inputs: input, outputs: output });
+}
+
+/** bench.py's hourglass, in the functional API: 3x64x64 (NHWC here), three stages down (conv 3x3
+ *  stride 2 + BatchNorm + ReLU: 16, 32, 64 channels), conv 64 3x3 + ReLU, three stages up
+ *  (conv2dTranspose 4x4 stride 2 + BatchNorm + ReLU: 32, 16, 16), the first two each plus
+ *  (tf.layers.add) the encoder's output at that resolution, a 1x1 conv to 16 heat maps at 64x64;
+ *  batch 8, mean squared error, Adam 1e-3. "same" padding of the transposed convolution doubles
+ *  the size as torch's padding 1 does (4x4, stride 2); BatchNorm as in mobilenetModel. */
+function hourglassModel(tf) {
+  const bnRelu = (x) => tf.layers.reLU().apply(batchNorm(tf).apply(x));
+  const down = (x, filters) => bnRelu(tf.layers.conv2d({ filters, kernelSize: 3, strides: 2, padding: "same" }).apply(x));
+  const up = (x, filters) =>
+    bnRelu(tf.layers.conv2dTranspose({ filters, kernelSize: 4, strides: 2, padding: "same" }).apply(x));
+  const input = tf.input({ shape: [64, 64, 3] });
+  const d1 = down(input, 16);
+  const d2 = down(d1, 32);
+  const mid = tf.layers.conv2d({ filters: 64, kernelSize: 3, padding: "same", activation: "relu" }).apply(down(d2, 64));
+  let y = tf.layers.add().apply([up(mid, 32), d2]);
+  y = tf.layers.add().apply([up(y, 16), d1]);
+  const output = tf.layers.conv2d({ filters: 16, kernelSize: 1 }).apply(up(y, 16));
+  return tf.model({ inputs: input, outputs: output });
+}
+
 // `params`: the trainable parameter count of the glcomp (and torch) model, which `bench` checks the
 // tfjs model against. The LSTMs have none: tfjs's LSTM has one bias per gate where torch's has two
-// (4 * units fewer parameters, the same FLOPs up to those additions).
+// (4 * units fewer parameters, the same FLOPs up to those additions). `yShape` (NHWC, batch first):
+// the target is heat maps of that shape, the loss the mean squared error (bench.py's target_shape);
+// without it, class labels in [0, classes) and softmax cross-entropy.
 const WORKLOADS = {
   // Linear 64-128-64-10, ReLU; batch 64; SGD lr 0.1
   mlp: {
@@ -157,6 +205,15 @@ const WORKLOADS = {
     torchShape: [32, 3, 32, 32], xShape: [32, 32, 32, 3], classes: 10, params: 9322, model: mobilenetModel,
     optimizer: adam,
   },
+  // A residual CNN and an encoder-decoder.
+  resnet: {
+    torchShape: [16, 3, 32, 32], xShape: [16, 32, 32, 3], classes: 10, params: 43226, model: resnetModel,
+    optimizer: adam,
+  },
+  hourglass: {
+    torchShape: [8, 3, 64, 64], xShape: [8, 64, 64, 3], yShape: [8, 64, 64, 16], params: 106256,
+    model: hourglassModel, optimizer: adam,
+  },
 };
 
 export const NAMES = Object.keys(WORKLOADS);
@@ -199,7 +256,9 @@ export function describe(tf, name) {
 }
 
 /** Train workload `arg.name` on one fixed batch and time it.
- *  arg: {name, shape (bench.py's torch shape), x: number[], y: number[], warmup, steps, readback}.
+ *  arg: {name, shape (bench.py's torch shape), x: number[], y: number[] (class labels, or the
+ *  heat maps of a workload with `yShape`: bench.py's NCHW values read as NHWC, as x's are),
+ *  warmup, steps, readback}.
  *  firstMs runs from model creation (after the backend is up) to the end of the first step.
  *  Returns {backendMs, firstMs, times, draws, programs, links, loss, backend, renderer}. */
 export async function bench(tf, arg) {
@@ -209,9 +268,12 @@ export async function bench(tf, arg) {
     throw new Error(`tfjs peer: ${arg.name} input shape is [${arg.shape}] in bench.py, [${w.torchShape}] here`);
   }
   if (arg.x.length !== product(w.xShape)) throw new Error(`tfjs peer: ${arg.name}: batch has ${arg.x.length} values`);
+  if (arg.y.length !== (w.yShape ? product(w.yShape) : w.xShape[0])) {
+    throw new Error(`tfjs peer: ${arg.name}: target has ${arg.y.length} values`);
+  }
   const counts = globalThis.__glCounts;
   const xData = Float32Array.from(arg.x);
-  const yData = Int32Array.from(arg.y);
+  const yData = w.yShape ? Float32Array.from(arg.y) : Int32Array.from(arg.y);
   const sync = arg.readback === "sync";
 
   // The WebGL backend creates its context here (SwiftShader counts as a software renderer, which
@@ -231,13 +293,19 @@ export async function bench(tf, arg) {
   checkParams(arg.name, model);
   const optimizer = w.optimizer(tf);
   const vars = model.trainableWeights.map((v) => v.read());
+  // The target tensor and those to dispose with it: heat maps as they are, or labels one-hot.
+  const target = () => {
+    if (w.yShape) return [tf.tensor(yData, w.yShape)];
+    const labels = tf.tensor1d(yData, "int32");
+    return [tf.oneHot(labels, w.classes), labels];
+  };
+  const lossOf = w.yShape ? tf.losses.meanSquaredError : tf.losses.softmaxCrossEntropy;
   const step = async () => {
     const xs = tf.tensor(xData, w.xShape);
-    const labels = tf.tensor1d(yData, "int32");
-    const ys = tf.oneHot(labels, w.classes);
-    const loss = optimizer.minimize(() => tf.losses.softmaxCrossEntropy(ys, model.apply(xs, { training: true })), true, vars);
+    const [ys, ...rest] = target();
+    const loss = optimizer.minimize(() => lossOf(ys, model.apply(xs, { training: true })), true, vars);
     const value = sync ? loss.dataSync()[0] : (await loss.data())[0];
-    tf.dispose([xs, labels, ys, loss]);
+    tf.dispose([xs, ys, ...rest, loss]);
     return value;
   };
 

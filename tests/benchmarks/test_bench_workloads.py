@@ -1,8 +1,12 @@
-"""The realistic CNN workloads of benchmarks/bench.py (vgg, mobilenet) and their twins: the glcomp
-model, the torch model of ``--runtimes torch`` and the TensorFlow.js model of benchmarks/bench_browser.py
-``--peers tfjs`` (benchmarks/peers/tfjs_workloads.js) have the same trainable parameters, and torch's
-and tfjs's the same weight layers, layer by layer: output shape (NCHW against NHWC), parameters and
-kernel size, hence the same multiply-adds. No model is compiled or trained (bench.py's CLI does that);
+"""The realistic CNN workloads of benchmarks/bench.py (vgg, mobilenet, resnet, hourglass) and their
+twins: the glcomp model, the torch model of ``--runtimes torch`` and the TensorFlow.js model of
+benchmarks/bench_browser.py ``--peers tfjs`` (benchmarks/peers/tfjs_workloads.js) have the same
+trainable parameters, and torch's and tfjs's the same weight layers, layer by layer: output shape
+(NCHW against NHWC), parameters and kernel size, hence the same multiply-adds (a transposed
+convolution's count per output pixel is its kernel's over stride squared, the same in both). tfjs
+lists a functional model's layers by their depth in the graph, torch's hooks fire in execution order:
+where the branches of a residual block interleave differently, the layers are compared as sorted
+lists. No model is compiled or trained (bench.py's CLI does that);
 the tfjs check runs Node.js on tfjs's CPU backend, with ``--slow`` (it needs ``cd benchmarks/peers
 && npm ci``, which the default test run does not install; without them it fails)."""
 
@@ -23,8 +27,16 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 PEERS = BENCHMARKS / "peers"
 # Trainable parameters (BatchNorm's running statistics are buffers, not counted).
-PARAMS = {"mlp": 17226, "cnn": 6090, "conv_seed": 42186, "vgg": 148442, "mobilenet": 9322}
-REALISTIC = ("vgg", "mobilenet")
+PARAMS = {
+    "mlp": 17226,
+    "cnn": 6090,
+    "conv_seed": 42186,
+    "vgg": 148442,
+    "mobilenet": 9322,
+    "resnet": 43226,
+    "hourglass": 106256,
+}
+REALISTIC = ("vgg", "mobilenet", "resnet", "hourglass")
 
 
 def _bench() -> Any:
@@ -80,13 +92,22 @@ def test_glcomp_and_torch_models_have_the_same_parameters(name: str) -> None:
     torch = pytest.importorskip("torch")
     model, _ = _bench()._torch_model(name)
     assert ours == [tuple(p.shape) for p in model.parameters()]
-    assert model(torch.zeros(w.x_shape)).shape == (w.x_shape[0], w.classes)
+    out = w.target_shape if w.target_shape is not None else (w.x_shape[0], w.classes)
+    assert model(torch.zeros(w.x_shape)).shape == out
 
 
 def test_realistic_workloads_are_named_in_the_cli() -> None:
     bench = _bench()
     assert all(n in bench.WORKLOADS for n in REALISTIC)
     assert bench.WORKLOADS["vgg"].x_shape == bench.WORKLOADS["mobilenet"].x_shape == (32, 3, 32, 32)
+    assert bench.WORKLOADS["resnet"].x_shape == (16, 3, 32, 32)
+    # hourglass regresses 16 heat maps at its input's resolution: MSE against a float target.
+    hourglass = bench.WORKLOADS["hourglass"]
+    assert hourglass.x_shape == (8, 3, 64, 64) and hourglass.target_shape == (8, 16, 64, 64)
+    assert type(hourglass.loss()).__name__ == "MSELoss"
+    assert type(bench.WORKLOADS["resnet"].loss()).__name__ == "CrossEntropyLoss"
+    x, y = bench._batch(hourglass)
+    assert x.shape == hourglass.x_shape and y.shape == hourglass.target_shape and y.dtype == np.float32
     # bench.py's torch twin of each LSTM workload has that workload's sizes.
     for name in ("lstm", "lstm256"):
         ours = sum(int(np.prod(p.shape)) for p in bench.WORKLOADS[name].model().parameters())
@@ -134,7 +155,12 @@ def test_tfjs_twins_match_torch_layer_by_layer() -> None:
             {k: r[k] for k in ("outputShape", "params", "kernel")} for r in tfjs["layers"] if r["params"]
         ]
         torch_layers = _torch_layers(name)
+        if any(r["className"] == "Add" for r in tfjs["layers"]):  # branches: tfjs's order is by depth
+            weighted, torch_layers = (sorted(rows, key=json.dumps) for rows in (weighted, torch_layers))
         assert weighted == torch_layers, name
         assert _macs(weighted) == _macs(torch_layers)
-    kinds = [r["className"] for r in described["mobilenet"]["layers"] if r["params"]]
-    assert kinds.count("DepthwiseConv2D") == 3 and kinds.count("BatchNormalization") == 7
+    kinds = {n: [r["className"] for r in described[n]["layers"]] for n in REALISTIC}
+    counts = {n: {k: kinds[n].count(k) for k in set(kinds[n])} for n in kinds}
+    assert counts["mobilenet"]["DepthwiseConv2D"] == 3 and counts["mobilenet"]["BatchNormalization"] == 7
+    assert counts["resnet"]["Add"] == 4 and counts["resnet"]["BatchNormalization"] == 10
+    assert counts["hourglass"]["Conv2DTranspose"] == 3 and counts["hourglass"]["Add"] == 2

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 import glcomp
-from glcomp import nn
 from glcomp.errors import GlcompError
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -42,7 +41,7 @@ def _small(name: str, batch: int, passes: dict[str, bool]) -> glcomp.Program:
     w = bench.WORKLOADS[name]
     glcomp.manual_seed(0)
     shape = (batch, *w.x_shape[1:])
-    return glcomp.compile(w.model(), {"x": shape}, nn.CrossEntropyLoss(), w.optimizer(), passes=passes)
+    return glcomp.compile(w.model(), {"x": shape}, w.loss(), w.optimizer(), passes=passes)
 
 
 def _realistic(name: str, batch: int, passes: dict[str, bool]) -> glcomp.Program:
@@ -56,7 +55,7 @@ def _realistic(name: str, batch: int, passes: dict[str, bool]) -> glcomp.Program
         realistic.OPTIONS.update(saved)
 
 
-SMALL = ("mlp", "cnn", "conv_seed", "lstm", "lstm256", "vgg", "mobilenet")
+SMALL = ("mlp", "cnn", "conv_seed", "lstm", "lstm256", "vgg", "mobilenet", "resnet", "hourglass")
 REALISTIC = ("gpt_small", "gpt_medium", "vgg", "vgg_wide", "resnet", "mobilenet", "lstm", "hourglass")
 
 
