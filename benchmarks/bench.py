@@ -37,7 +37,12 @@ from glcomp import nn, optim
 class Workload:
     """A model, its optimizer and one fixed batch, for glcomp and (as a mirror) torch: class labels
     in [0, classes) and cross-entropy, or (with `target_shape`, the model's output shape) a target
-    of uniform [0, 1) values, heat maps, and the mean squared error."""
+    of uniform [0, 1) values, heat maps, and the mean squared error.
+
+    A language model (`tokens`) takes int32 token ids of `x_shape` (batch, block) as its input
+    `input_name` and computes its loss in forward from per-token targets `target_name` of the same
+    shape (ids in [0, classes), the vocabulary): `program` compiles it (glcomp's compile with
+    loss="forward" and a target_spec), and the torch twin's forward returns (logits, loss)."""
 
     name: str
     description: str
@@ -46,10 +51,24 @@ class Workload:
     x_shape: tuple[int, ...]
     classes: int = 10
     target_shape: tuple[int, ...] | None = None
+    tokens: bool = False
+    input_name: str = "x"
+    target_name: str = "y"
+    program: Callable[..., glcomp.Program] | None = None  # compile options -> Program
 
     def loss(self, lib: Any = nn) -> Any:
         """The training loss as a module of `lib` (glcomp.nn or torch.nn)."""
         return lib.MSELoss() if self.target_shape is not None else lib.CrossEntropyLoss()
+
+    def compile(self, **options: Any) -> glcomp.Program:
+        """The glcomp program of a train step (`options`: glcomp.compile's passes, target, ...)."""
+        if self.program is not None:
+            return self.program(**options)
+        return glcomp.compile(self.model(), {"x": self.x_shape}, self.loss(), self.optimizer(), **options)
+
+    def feeds(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        """A batch of `_batch` as the program's named inputs."""
+        return {self.input_name: x, self.target_name: y}
 
 
 class LastStep(nn.Module):
@@ -178,6 +197,52 @@ def _hourglass(lib: Any) -> Any:
     return Hourglass()
 
 
+def _realistic() -> Any:
+    """benchmarks/realistic.py as a module (its char_gpt runs examples/char_gpt.py's source)."""
+    for key in ("realistic", "_glcomp_realistic"):
+        if key in sys.modules:
+            return sys.modules[key]
+    import importlib.util
+
+    path = Path(__file__).with_name("realistic.py")
+    spec = importlib.util.spec_from_file_location("_glcomp_realistic", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# examples/char_gpt.py at a browser size: a glcomp.js step in SwiftShader takes about a second.
+GPT_CONFIG = {"batch_size": 16, "block_size": 32, "n_embd": 64, "n_head": 4, "n_layer": 2, "dropout": 0.0}
+
+
+def _char_gpt(library: str, **config: Any) -> Any:
+    """examples/char_gpt.py run with `library`'s imports ("glcomp" or "torch") at GPT_CONFIG."""
+    return _realistic().char_gpt(library, **GPT_CONFIG, **config)
+
+
+def _gpt_model() -> nn.Module:
+    return _char_gpt("glcomp").GPTLanguageModel()
+
+
+def _gpt_optimizer() -> optim.Optimizer:
+    return optim.AdamW(lr=_char_gpt("glcomp").learning_rate)  # the example's: lr 3e-3, weight decay 0.01
+
+
+def _gpt_program(**options: Any) -> glcomp.Program:
+    """The example's model and optimizer as `build()` compiles them: int32 idx (batch, block),
+    per-token int32 targets over the vocabulary, the cross-entropy computed in forward, AdamW."""
+    g = _char_gpt("glcomp")
+    model = g.GPTLanguageModel()
+    shape = (g.batch_size, g.block_size)
+    spec = {"shape": shape, "dtype": "int32", "num_classes": g.vocab_size}
+    opt = g.torch.optim.AdamW(model.parameters(), lr=g.learning_rate)
+    return glcomp.compile(
+        model, {"idx": shape}, "forward", opt, target_name="targets", target_spec=spec, **options
+    )
+
+
 WORKLOADS = {
     "mlp": Workload(
         "mlp",
@@ -259,11 +324,30 @@ WORKLOADS = {
         (8, 3, 64, 64),
         target_shape=(8, 16, 64, 64),
     ),
+    # examples/char_gpt.py itself (realistic.py's char_gpt: the example's source, glcomp's or
+    # torch's imports) at a browser size, not in the default run of bench_browser.py either: run
+    # it with --workloads gpt. Token ids in, per-token next-character targets, AdamW.
+    "gpt": Workload(
+        "gpt",
+        "char-GPT (examples/char_gpt.py) batch 16, block 32, n_embd 64, 4 heads, 2 layers, dropout 0, "
+        "GELU MLP; per-token cross-entropy over the 58 characters; AdamW lr 3e-3, weight decay 0.01",
+        _gpt_model,
+        _gpt_optimizer,
+        (GPT_CONFIG["batch_size"], GPT_CONFIG["block_size"]),
+        classes=58,  # the vocabulary of examples/data/coriolanus.txt (checked in tests/benchmarks)
+        tokens=True,
+        input_name="idx",
+        target_name="targets",
+        program=_gpt_program,
+    ),
 }
 
 
 def _batch(w: Workload) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
+    if w.tokens:  # random ids and the same sequences shifted by one token, both int32
+        ids = rng.integers(0, w.classes, size=(w.x_shape[0], w.x_shape[1] + 1))
+        return ids[:, :-1].astype(np.int32), ids[:, 1:].astype(np.int32)
     x = rng.standard_normal(w.x_shape).astype(np.float32)
     if w.target_shape is not None:
         return x, rng.random(w.target_shape, dtype=np.float32)
@@ -303,10 +387,11 @@ def bench_glcomp(
     glcomp.manual_seed(0)
     x, y = _batch(w)
     start = time.perf_counter()
-    prog = glcomp.compile(w.model(), {"x": w.x_shape}, w.loss(), w.optimizer(), passes=dict(passes))
+    prog = w.compile(passes=dict(passes))
     rt = prog.runtime(runtime)
     setup = time.perf_counter() - start
-    times = _time_steps(lambda: rt.train_step(x=x, y=y), warmup, steps)
+    feeds = w.feeds(x, y)
+    times = _time_steps(lambda: rt.train_step(**feeds), warmup, steps)
     record: dict[str, Any] = {"setup_s": setup} | _summary(times)
     if runtime == "gl":
         m = rt.manifest
@@ -324,10 +409,15 @@ def bench_glcomp(
     return record
 
 
-def _torch_model(name: str) -> Any:
+def _torch_model(name: str, device: str = "cpu") -> Any:
+    """bench.py's torch twin of workload `name` and its optimizer (parameters -> optimizer);
+    `device` is where the gpt twin's forward places its position ids."""
     import torch
     from torch import nn as tnn
 
+    if name == "gpt":
+        t = _char_gpt("torch", device=device)
+        return t.GPTLanguageModel(), lambda p: torch.optim.AdamW(p, lr=t.learning_rate)
     if name == "mlp":
         return tnn.Sequential(
             tnn.Linear(64, 128), tnn.ReLU(), tnn.Linear(128, 64), tnn.ReLU(), tnn.Linear(64, 10)
@@ -378,15 +468,15 @@ def bench_torch(w: Workload, warmup: int, steps: int, device: str = "cpu") -> di
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    model, make_opt = _torch_model(w.name)
+    model, make_opt = _torch_model(w.name, device)
     model = model.to(device)
     opt = make_opt(model.parameters())
     loss_fn = w.loss(torch.nn)
-    x, y = (torch.from_numpy(a).to(device) for a in _batch(w))
+    x, y = (torch.from_numpy(a if a.dtype.kind == "f" else a.astype(np.int64)).to(device) for a in _batch(w))
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        loss = model(x, y)[1] if w.tokens else loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return float(loss.item())

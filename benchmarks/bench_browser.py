@@ -7,9 +7,11 @@
 Each workload is compiled, saved as a bundle, served on 127.0.0.1 and loaded by the page. After
 warm-up steps (the first step includes the driver's shader JIT compilation), every timed step is
 one ``await rt.trainStep(batch)``: uploads, the train_step draws and the loss read back (async
-pixel-pack-buffer readback on WebGL 2, readPixels on WebGL 1). The table gives the median and the
-10th/90th percentiles, the time per step when ``rt.train`` keeps 2 steps in flight, the draw calls
-per step (counted by the runtime) and, for comparison, the moderngl runtime on this machine.
+pixel-pack-buffer readback on WebGL 2, readPixels on WebGL 1); the batch is a Float32Array or,
+for token ids and class labels, an Int32Array, under the program's input names. The table gives
+the median and the 10th/90th percentiles, the time per step when ``rt.train`` keeps 2 steps in
+flight, the draw calls per step (counted by the runtime) and, for comparison, the moderngl
+runtime on this machine.
 Chromium is started with SwiftShader (CPU WebGL) unless ``--gpu`` is given.
 
 ``--peers tfjs`` trains the same workloads with TensorFlow.js 4.22 (WebGL backend) in the same
@@ -173,8 +175,9 @@ async (arg) => {
   let t = performance.now();
   const rt = await g.Runtime.load(arg.base, { quiet: true, readback: arg.readback });
   const loadMs = performance.now() - t;
-  const y = arg.yFloat ? Float32Array.from(arg.y) : Int32Array.from(arg.y); // heat maps or class labels
-  const batch = { x: Float32Array.from(arg.x), y };
+  // Images or (int32) token ids; heat maps or (int32) class labels, per example or per token.
+  const typed = (values, isFloat) => (isFloat ? Float32Array.from(values) : Int32Array.from(values));
+  const batch = { [arg.xName]: typed(arg.x, arg.xFloat), [arg.yName]: typed(arg.y, arg.yFloat) };
   t = performance.now();
   await rt.trainStep(batch);
   const firstMs = performance.now() - t;
@@ -207,17 +210,17 @@ async (arg) => {
 """
 
 
-def _moderngl_ms(prog: glcomp.Program, x: np.ndarray, y: np.ndarray, warmup: int, steps: int) -> float | None:
+def _moderngl_ms(prog: glcomp.Program, feeds: dict[str, np.ndarray], warmup: int, steps: int) -> float | None:
     try:
         rt = prog.runtime("gl")
     except glcomp.GlcompError:
         return None
     for _ in range(warmup):
-        rt.train_step(x=x, y=y)
+        rt.train_step(**feeds)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        rt.train_step(x=x, y=y)
+        rt.train_step(**feeds)
         times.append(1000 * (time.perf_counter() - start))
     rt.release()
     return statistics.median(times)
@@ -313,12 +316,13 @@ def run(
         for name in names:
             w = workloads[name]
             shape = tuple(w.x_shape)
-            x, y = _bench()._batch(w)  # class labels, or heat maps (float) for an MSE workload
+            # class labels, heat maps (float) for an MSE workload, or int32 token ids and targets
+            x, y = _bench()._batch(w)
             batches[name] = (x, y, shape)
             for target in targets:
                 print(f"  compiling {name} / {target} ...", file=sys.stderr, flush=True)
                 glcomp.manual_seed(0)
-                prog = glcomp.compile(w.model(), {"x": shape}, w.loss(), w.optimizer(), target=target)
+                prog = w.compile(target=target)
                 prog.save(root / f"{name}_{target}")
                 progs[name, target] = prog
         browser_args = [*(GPU_ARGS if gpu else SWIFTSHADER_ARGS), *chromium_args]
@@ -337,6 +341,7 @@ def run(
                         common = {
                             "x": x.ravel().tolist(),
                             "y": y.ravel().tolist(),
+                            "xFloat": x.dtype.kind == "f",
                             "yFloat": y.dtype.kind == "f",
                             "steps": steps,
                             "warmup": max(1, warmup),
@@ -346,6 +351,7 @@ def run(
                         if runtime == "glcomp.js":
                             page.goto(url + "glcomp.js")
                             arg = common | {"base": f"/bundle/{name}_{target}/", "pipelined": pipelined}
+                            arg |= {"xName": workloads[name].input_name, "yName": workloads[name].target_name}
                             rec = _evaluate(page, PAGE_JS, arg, label)
                         else:
                             page.goto(peer_url)
@@ -364,7 +370,8 @@ def run(
                             "load_after": _load(),
                         }
                         if runtime == "glcomp.js" and moderngl and rnd == 0:
-                            rec["moderngl_ms"] = _moderngl_ms(progs[name, target], x, y, warmup, steps)
+                            feeds = workloads[name].feeds(x, y)
+                            rec["moderngl_ms"] = _moderngl_ms(progs[name, target], feeds, warmup, steps)
                         results.append(rec)
                         print("    " + _row_text(rec), file=sys.stderr, flush=True)
         finally:

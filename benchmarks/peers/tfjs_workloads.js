@@ -1,6 +1,7 @@
 // The workloads of benchmarks/bench.py in TensorFlow.js (layers API, WebGL backend), for
 // benchmarks/bench_browser.py --peers tfjs. Same layer shapes, optimizer and learning rate as the
-// glcomp models; weight initialisation is tfjs's own. Images are NHWC (tfjs's native layout) where
+// glcomp models; weight initialisation is tfjs's own (gpt: a transformer written by hand on
+// tf.variable weights, initialised as the example's). Images are NHWC (tfjs's native layout) where
 // glcomp's are NCHW: the same number of values per batch, the same convolutions.
 //
 // A timed step mirrors glcomp.js's `await rt.trainStep(batch)`: upload the batch, one
@@ -133,6 +134,116 @@ function hourglassModel(tf) {
   return tf.model({ inputs: input, outputs: output });
 }
 
+/** examples/char_gpt.py's transformer by hand on tf.variable weights, for bench.py's gpt (batch
+ *  16, block 32, n_embd 64, 4 heads of 16, 2 layers, dropout 0, the 58 characters of
+ *  examples/data/coriolanus.txt). Every weight has the torch twin's name and shape (a Linear's
+ *  weight is [out, in], applied as x @ W^T), in the order of torch's model.parameters():
+ *  token and position embeddings; per block, LayerNorm ln1, one key/query/value Linear without
+ *  bias per head, q @ k^T * head_size^-0.5, the causal mask (masked_fill with -inf: tf.where),
+ *  softmax, @ v, the heads concatenated, the projection Linear with bias, the residual;
+ *  LayerNorm ln2, Linear n_embd-4*n_embd, GELU (torch's exact erf form), Linear back, the
+ *  residual; the final LayerNorm and the lm head. LayerNorm: tf.moments over the channels
+ *  (biased variance), eps 1e-5, weight and bias. Initialised as the example's _init_weights:
+ *  N(0, 0.02) Linear and Embedding weights, zero biases, LayerNorm weight 1 and bias 0.
+ *  `apply(idx)` takes int32 ids [batch, block] and returns the logits as [batch * block, vocab],
+ *  the example's view before its cross-entropy. `trainableWeights` mimics a layers model's
+ *  (shape, originalName, read() -> the tf.Variable). */
+function gptModel(tf, { vocab, block, embd, heads, layers }) {
+  const weights = []; // in creation order, which is torch's registration order
+  const param = (name, init) => {
+    const v = tf.variable(init, true);
+    weights.push({ shape: v.shape, originalName: name, read: () => v });
+    return v;
+  };
+  const normal = (name, shape) => param(name, tf.randomNormal(shape, 0, 0.02));
+  const linear = (name, cin, cout, bias = true) => ({
+    weight: normal(`${name}.weight`, [cout, cin]),
+    bias: bias ? param(`${name}.bias`, tf.zeros([cout])) : null,
+  });
+  const layerNorm = (name) => ({
+    weight: param(`${name}.weight`, tf.ones([embd])),
+    bias: param(`${name}.bias`, tf.zeros([embd])),
+  });
+  const hs = embd / heads;
+  const tok = normal("token_embedding_table.weight", [vocab, embd]);
+  const pos = normal("position_embedding_table.weight", [block, embd]);
+  const blocks = [];
+  for (let l = 0; l < layers; l++) {
+    const p = `blocks.${l}`;
+    const sa = Array.from({ length: heads }, (_, h) => ({
+      key: linear(`${p}.sa.heads.${h}.key`, embd, hs, false),
+      query: linear(`${p}.sa.heads.${h}.query`, embd, hs, false),
+      value: linear(`${p}.sa.heads.${h}.value`, embd, hs, false),
+    }));
+    const proj = linear(`${p}.sa.proj`, embd, embd);
+    const ff1 = linear(`${p}.ffwd.net.0`, embd, 4 * embd);
+    const ff2 = linear(`${p}.ffwd.net.2`, 4 * embd, embd);
+    blocks.push({ sa, proj, ff1, ff2, ln1: layerNorm(`${p}.ln1`), ln2: layerNorm(`${p}.ln2`) });
+  }
+  const lnF = layerNorm("ln_f");
+  const head = linear("lm_head", embd, vocab);
+  const causal = tf.linalg.bandPart(tf.ones([block, block]), -1, 0).equal(0); // true above the diagonal
+  const negInf = tf.scalar(-Infinity);
+  const dense = (x, { weight, bias }) => {
+    const shape = x.shape;
+    const y = tf.matMul(x.reshape([-1, shape[shape.length - 1]]), weight, false, true);
+    return (bias ? y.add(bias) : y).reshape([...shape.slice(0, -1), weight.shape[0]]);
+  };
+  const norm = (x, { weight, bias }) => {
+    const { mean, variance } = tf.moments(x, -1, true);
+    return x.sub(mean).div(variance.add(1e-5).sqrt()).mul(weight).add(bias);
+  };
+  const gelu = (x) => x.mul(0.5).mul(tf.erf(x.mul(Math.SQRT1_2)).add(1));
+  const attend = (x, h) => {
+    const k = dense(x, h.key);
+    const q = dense(x, h.query);
+    const wei = tf.softmax(tf.where(causal, negInf, tf.matMul(q, k, false, true).mul(hs ** -0.5)), -1);
+    return tf.matMul(wei, dense(x, h.value));
+  };
+  return {
+    trainableWeights: weights,
+    apply: (idx) =>
+      tf.tidy(() => {
+        let x = tf.gather(tok, idx).add(pos); // (B, T, C) + (T, C): T is the whole block
+        for (const b of blocks) {
+          const y = norm(x, b.ln1);
+          x = x.add(dense(tf.concat(b.sa.map((h) => attend(y, h)), -1), b.proj));
+          x = x.add(dense(gelu(dense(norm(x, b.ln2), b.ff1)), b.ff2));
+        }
+        return dense(norm(x, lnF), head).reshape([-1, vocab]);
+      }),
+    dispose: () => {
+      for (const w of weights) w.read().dispose();
+      tf.dispose([causal, negInf]);
+    },
+  };
+}
+
+/** torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8, decoupled weight decay), which tfjs lacks:
+ *  tfjs's Adam (the same bias-corrected update as torch's) after p *= 1 - lr * weight_decay on
+ *  every variable updated (torch's AdamW(model.parameters()) decays all of them, biases and
+ *  LayerNorm included). `minimize` as a tfjs optimizer's: gradients at the current weights, then
+ *  the decay, then Adam's step. */
+function adamW(tf, lr, weightDecay) {
+  const adamOpt = tf.train.adam(lr, 0.9, 0.999, 1e-8);
+  return {
+    minimize(f, returnCost, varList) {
+      const { value, grads } = tf.variableGrads(f, varList);
+      tf.tidy(() => {
+        for (const v of varList) v.assign(v.mul(1 - lr * weightDecay));
+      });
+      adamOpt.applyGradients(grads);
+      tf.dispose(grads);
+      if (returnCost) return value;
+      value.dispose();
+      return null;
+    },
+    dispose: () => adamOpt.dispose(),
+  };
+}
+
+const GPT = { vocab: 58, block: 32, embd: 64, heads: 4, layers: 2 };
+
 // `params`: the trainable parameter count of the glcomp (and torch) model, which `bench` checks the
 // tfjs model against. The LSTMs have none: tfjs's LSTM has one bias per gate where torch's has two
 // (4 * units fewer parameters, the same FLOPs up to those additions). `yShape` (NHWC, batch first):
@@ -214,6 +325,13 @@ const WORKLOADS = {
     torchShape: [8, 3, 64, 64], xShape: [8, 64, 64, 3], yShape: [8, 64, 64, 16], params: 106256,
     model: hourglassModel, optimizer: adam,
   },
+  // examples/char_gpt.py (bench.py's gpt): int32 token ids [16, 32] in, a next-token label per
+  // token (`perToken`), softmax cross-entropy averaged over the 512 tokens, AdamW lr 3e-3 and
+  // weight decay 0.01 (the example's optimizer; torch's default decay).
+  gpt: {
+    torchShape: [16, GPT.block], xShape: [16, GPT.block], xDtype: "int32", perToken: true, classes: GPT.vocab,
+    params: 109242, model: (tf) => gptModel(tf, GPT), optimizer: (tf) => adamW(tf, 3e-3, 0.01),
+  },
 };
 
 export const NAMES = Object.keys(WORKLOADS);
@@ -243,6 +361,10 @@ export function describe(tf, name) {
   const model = w.model(tf);
   try {
     const params = checkParams(name, model);
+    if (!model.layers) {
+      // A model on tf.variable weights (gpt): its weights by name, in torch's order.
+      return { params, weights: model.trainableWeights.map((v) => ({ name: v.originalName, shape: v.shape })) };
+    }
     const layers = model.layers.map((layer) => ({
       className: layer.getClassName(),
       outputShape: layer.outputShape.slice(1),
@@ -256,8 +378,9 @@ export function describe(tf, name) {
 }
 
 /** Train workload `arg.name` on one fixed batch and time it.
- *  arg: {name, shape (bench.py's torch shape), x: number[], y: number[] (class labels, or the
- *  heat maps of a workload with `yShape`: bench.py's NCHW values read as NHWC, as x's are),
+ *  arg: {name, shape (bench.py's torch shape), x: number[] (int32 token ids for a workload with
+ *  xDtype "int32"), y: number[] (class labels, one per example or, with `perToken`, per token; or
+ *  the heat maps of a workload with `yShape`: bench.py's NCHW values read as NHWC, as x's are),
  *  warmup, steps, readback}.
  *  firstMs runs from model creation (after the backend is up) to the end of the first step.
  *  Returns {backendMs, firstMs, times, draws, programs, links, loss, backend, renderer}. */
@@ -268,11 +391,12 @@ export async function bench(tf, arg) {
     throw new Error(`tfjs peer: ${arg.name} input shape is [${arg.shape}] in bench.py, [${w.torchShape}] here`);
   }
   if (arg.x.length !== product(w.xShape)) throw new Error(`tfjs peer: ${arg.name}: batch has ${arg.x.length} values`);
-  if (arg.y.length !== (w.yShape ? product(w.yShape) : w.xShape[0])) {
+  const labels = w.perToken ? product(w.xShape) : w.xShape[0];
+  if (arg.y.length !== (w.yShape ? product(w.yShape) : labels)) {
     throw new Error(`tfjs peer: ${arg.name}: target has ${arg.y.length} values`);
   }
   const counts = globalThis.__glCounts;
-  const xData = Float32Array.from(arg.x);
+  const xData = w.xDtype === "int32" ? Int32Array.from(arg.x) : Float32Array.from(arg.x);
   const yData = w.yShape ? Float32Array.from(arg.y) : Int32Array.from(arg.y);
   const sync = arg.readback === "sync";
 
@@ -301,7 +425,7 @@ export async function bench(tf, arg) {
   };
   const lossOf = w.yShape ? tf.losses.meanSquaredError : tf.losses.softmaxCrossEntropy;
   const step = async () => {
-    const xs = tf.tensor(xData, w.xShape);
+    const xs = tf.tensor(xData, w.xShape, w.xDtype ?? "float32");
     const [ys, ...rest] = target();
     const loss = optimizer.minimize(() => lossOf(ys, model.apply(xs, { training: true })), true, vars);
     const value = sync ? loss.dataSync()[0] : (await loss.data())[0];

@@ -6,7 +6,9 @@ trainable parameters, and torch's and tfjs's the same weight layers, layer by la
 convolution's count per output pixel is its kernel's over stride squared, the same in both). tfjs
 lists a functional model's layers by their depth in the graph, torch's hooks fire in execution order:
 where the branches of a residual block interleave differently, the layers are compared as sorted
-lists. No model is compiled or trained (bench.py's CLI does that);
+lists. The char-GPT (gpt, examples/char_gpt.py) is compared weight by weight: glcomp's, torch's and
+the hand-written tfjs transformer's parameters have the same names and shapes in the same order.
+No model is compiled or trained (bench.py's CLI does that);
 the tfjs check runs Node.js on tfjs's CPU backend, with ``--slow`` (it needs ``cd benchmarks/peers
 && npm ci``, which the default test run does not install; without them it fails)."""
 
@@ -35,6 +37,7 @@ PARAMS = {
     "mobilenet": 9322,
     "resnet": 43226,
     "hourglass": 106256,
+    "gpt": 109242,
 }
 REALISTIC = ("vgg", "mobilenet", "resnet", "hourglass")
 
@@ -116,6 +119,38 @@ def test_realistic_workloads_are_named_in_the_cli() -> None:
             assert sum(p.numel() for p in model.parameters()) == ours
 
 
+def _torch_weights(name: str) -> list[tuple[str, list[int]]]:
+    """The torch twin's parameters by name, in model.parameters()'s order."""
+    pytest.importorskip("torch")
+    model, _ = _bench()._torch_model(name)
+    return [(n, list(p.shape)) for n, p in model.named_parameters()]
+
+
+def test_gpt_is_the_example_with_the_same_weights_in_glcomp_and_torch() -> None:
+    """bench.py's gpt is examples/char_gpt.py at its browser size: glcomp's model and the torch
+    twin (the same source, torch's imports) have the same parameters by name and shape, the
+    batch is int32 ids and per-token targets in the vocabulary, and the twin's loss is the
+    cross-entropy over every token (near ln(vocab) at the example's init)."""
+    bench = _bench()
+    w = bench.WORKLOADS["gpt"]
+    g = bench._char_gpt("glcomp")
+    assert w.classes == g.vocab_size and w.x_shape == (16, 32) == (g.batch_size, g.block_size)
+    assert (g.n_embd, g.n_head, g.n_layer, g.dropout) == (64, 4, 2, 0.0)
+    ours = [(n, list(p.shape)) for n, p in w.model().named_parameters()]
+    assert sum(math.prod(s) for _, s in ours) == PARAMS["gpt"]
+    x, y = bench._batch(w)
+    assert x.shape == y.shape == w.x_shape and x.dtype == y.dtype == np.int32
+    assert (x[:, 1:] == y[:, :-1]).all() and 0 <= x.min() and max(x.max(), y.max()) < w.classes
+    assert set(w.feeds(x, y)) == {"idx", "targets"}
+    torch = pytest.importorskip("torch")
+    assert ours == _torch_weights("gpt")
+    model, make_opt = bench._torch_model("gpt")
+    assert type(make_opt(model.parameters())).__name__ == "AdamW"
+    logits, loss = model(torch.from_numpy(x).long(), torch.from_numpy(y).long())
+    assert logits.shape == (w.x_shape[0] * w.x_shape[1], w.classes)  # the example's view(B * T, C)
+    assert abs(loss.item() - math.log(w.classes)) < 0.1
+
+
 def _tfjs_describe(names: tuple[str, ...]) -> dict[str, Any]:
     node = shutil.which("node")
     if node is None or not (PEERS / "node_modules" / "@tensorflow" / "tfjs").is_dir():
@@ -164,3 +199,12 @@ def test_tfjs_twins_match_torch_layer_by_layer() -> None:
     assert counts["mobilenet"]["DepthwiseConv2D"] == 3 and counts["mobilenet"]["BatchNormalization"] == 7
     assert counts["resnet"]["Add"] == 4 and counts["resnet"]["BatchNormalization"] == 10
     assert counts["hourglass"]["Conv2DTranspose"] == 3 and counts["hourglass"]["Add"] == 2
+
+
+@pytest.mark.slow_only
+def test_tfjs_gpt_matches_torch_weight_by_weight() -> None:
+    """The hand-written tfjs transformer has the torch twin's weights: the same names, shapes
+    (a Linear's [out, in]) and order, hence the same parameter count."""
+    tfjs = _tfjs_describe(("gpt",))["gpt"]
+    assert tfjs["params"] == PARAMS["gpt"]
+    assert [(r["name"], r["shape"]) for r in tfjs["weights"]] == _torch_weights("gpt")
