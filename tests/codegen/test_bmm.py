@@ -165,14 +165,17 @@ def test_tiled_bmm_matches_reference(form: str, shape: tuple[int, int], k: int, 
     """Blocks of R rows inside one batch element (M = 8 rows each), B read at that element's rows:
     the forward products, their gradients' products (the transposed ones of a stored operand,
     a fused operand computed first) against the reference; N = 6 and 10 leave a column texel half
-    past the row."""
+    past the row. A the batch transpose of a stored value (the values' gradient P.T @ dO) is read 4
+    of its rows a texel, so only R = 4 and 8 tile it."""
     force(shape)
     b, m, n = 3, 8, 6 if k != 4 else 10
     prog = glcomp.compile(
         Batched(m, k, n, form), {"x": (b, m, k)}, loss=SumLoss(), target="webgl2", max_draw_buffers=8
     )
-    if form != "stored":  # q.T @ v: A the transpose of a stored value, which batched tiling does not read
+    if form != "stored":  # q.T @ v: A's K = 3, 4 or 9 rows a batch element, no R divides them all
         assert f"{shape[0]} x {shape[1]}" in tiled_shapes(prog)
+    if form == "values" and shape[0] % 4 == 0:  # the gradient P.T @ dO reads P's rows of its element
+        assert any("aofs" in s for s in build_bundle(prog).shaders.values())
     check(prog, gl_runtime, out_shape(form, b, m, k, n), seed=k)
 
 

@@ -187,10 +187,10 @@ register(Lowering("bmm", "bmm", loop_extent=bmm_extent, root=bmm_root, root4=bmm
 @dataclass(frozen=True)
 class Tiling:
     """How one matmul kernel is tiled: product `node` = A @ B with A the stored texture `a`
-    (a_form "a") or the transpose of stored X `a` (a_form "t": a weight gradient's x.T, R a
-    multiple of 4), B the stored texture `b` (form "b") or the transpose of stored W `b` (form
-    "w"); R x C output texels per fragment; K split into `S` chunks (1: not split), their partial
-    products added by the gather."""
+    (a_form "a") or the transpose of stored X `a` (a_form "t": a weight gradient's x.T, or with
+    `batch_rows` the batch transpose of a stored (Bt, K, Mb) X; R a multiple of 4), B the stored
+    texture `b` (form "b") or the transpose of stored W `b` (form "w"); R x C output texels per
+    fragment; K split into `S` chunks (1: not split), their partial products added by the gather."""
 
     NODE_FIELDS: ClassVar[tuple[str, ...]] = ("node", "a", "b")  # the product, then what it samples
 
@@ -291,7 +291,8 @@ def render_tiled(
             # The operands may be row or texel views of t.a / t.b (a reshape when K is split, a
             # Flatten before a Linear): their rows are the product's, K (A), M (X of A = X.T), N
             # (B) or K (W) long, whatever the stored texture's own rows are.
-            "a_tex": texel_params(layouts[t.a]) | {"rt": math.ceil((t.K if t.a_form == "a" else t.M) / 4)},
+            "a_tex": texel_params(layouts[t.a])
+            | {"rt": math.ceil((t.K if t.a_form == "a" else t.batch_rows or t.M) / 4)},
             "b_tex": texel_params(layouts[t.b]) | {"rt": math.ceil((t.N if t.form == "b" else t.K) / 4)},
         }
     )

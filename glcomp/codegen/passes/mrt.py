@@ -22,7 +22,7 @@ from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import FUSIBLE, Kernel
 from glcomp.codegen.layout import Layout, layout_for
 from glcomp.codegen.loops import FRAGMENT_LOOP_BUDGET, fragment_iterations
-from glcomp.codegen.passes.tiling import choose_tiling
+from glcomp.codegen.passes.tiling import choose_tiling, tiled_product
 from glcomp.codegen.target import Target
 from glcomp.ir.graph import Graph
 from glcomp.ir.ops import get_op
@@ -56,8 +56,12 @@ def _will_tile(graph: Graph, k: Kernel, layouts: dict[int, Layout], target: Targ
     batched = len(graph.shape(k.roots[0])) == 3
     if target.parallel_fragments is None and not batched:
         return False
+    if batched and get_op(graph.op(k.roots[0])).rereads:  # a batched product (conv2d returned above)
+        # tiled as it is, or once the tiling pass has stored the operand expressions blocking it
+        # (a head's slice of a gradient read by P.T @ dO): kept out of groups
+        return tiled_product(graph, k, k.roots[0], layouts, target, extra_draws=0) is not None
     t = choose_tiling(graph, k, layouts, target)
-    # a batched product tiled (attention's) or a product split over K: kept out of groups
+    # a product split over K: kept out of groups
     return isinstance(t, Tiling) and (t.batch_rows > 0 or t.S > 1)
 
 

@@ -12,7 +12,8 @@ serially in a handful of fragments. A product fused into an epilogue (a Linear's
 activation) is first split off into a kernel of its own where tiling it pays for the two extra
 draws (`split_epilogues`).
 A batched product (bmm) is tiled as the stack of its batch's rows, each block inside one batch
-element (R divides its rows) reading B at that element's rows (`_batched_tiling`).
+element (R divides its rows) reading B at that element's rows, A a stored texture or the
+batch transpose of one (`_batched_tiling`).
 The draws themselves are glcomp.codegen.families.matmul's. A tiled product whose one reader is an
 untiled kernel reading it through fused nodes only (the epilogue split off it, typically) is read
 by that kernel straight from the tiles, gathering as it reads (`read_from_tiles`): the product
@@ -243,29 +244,40 @@ def _batched_tiling(
 ) -> Tiling | None:
     """The tiling of a batched product (bmm, (Bt, Mb, K) @ (Bt, K, N)): the batch's rows stacked
     as one (Bt * Mb, K) A, each block of R rows inside one batch element (R divides Mb), B read at
-    that element's rows. A is a stored texture; B a stored (Bt, K, N) texture or (form "w") the
-    permute (0, 2, 1) of a stored (Bt, N, K) one (attention's q @ k.T); either may be a reshape of
-    a stored texture in the same texel order (heads split or joined); K not split."""
+    that element's rows. A is a stored texture or (a_form "t", R a multiple of 4) the permute
+    (0, 2, 1) of a stored (Bt, K, Mb) one (attention's P.T @ dO); B a stored (Bt, K, N) texture or
+    (form "w") the permute (0, 2, 1) of a stored (Bt, N, K) one (attention's q @ k.T); a stored
+    operand may be a reshape of a stored texture in the same texel order (heads split or joined);
+    K not split."""
     a, b = graph.operands(n)
     bt, mb, k = graph.shape(a)
     cols = graph.shape(n)[2]
-    form, fused = "b", []
+    form, a_form, fused = "b", "a", []
     view = get_op(graph.op(b)).view
     if b in kernel.body and view is not None and view(graph.attrs(b)) == "batch_transpose":
         fused.append(b)
         b, form = graph.operands(b)[0], "w"
     b = _through_row_view(graph, b, kernel, fused)
-    a = _through_row_view(graph, a, kernel, fused)
+    # A the permute (0, 2, 1) of a stored (Bt, K, Mb) X (attention's P.T @ dO): X's rows k of each
+    # batch element read a texel at a time, whose components are 4 rows of A (R a multiple of 4).
+    view = get_op(graph.op(a)).view
+    if a in kernel.body and view is not None and view(graph.attrs(a)) == "batch_transpose":
+        fused.append(a)
+        a, a_form = graph.operands(a)[0], "t"
+    else:
+        a = _through_row_view(graph, a, kernel, fused)
     if sorted(kernel.body) != sorted(fused):
         return None
     if not (_stored(a, kernel, layouts) and _stored(b, kernel, layouts)):
         return None
-    shapes = tuple(rc for rc in SHAPES if mb % rc[0] == 0)
+    shapes = tuple(rc for rc in SHAPES if mb % rc[0] == 0 and (a_form == "a" or rc[0] % 4 == 0))
     m = bt * mb
     if target.parallel_fragments is not None:
-        return _parallel_tiling(n, a, b, form, "a", m, k, cols, target, extra_draws, shapes, mb)
+        return _parallel_tiling(n, a, b, form, a_form, m, k, cols, target, extra_draws, shapes, mb)
     best = _best_block(m, k, cols, shapes, target, extra_draws)
-    return None if best is None else Tiling(n, a, b, form, *best, m, k, cols, batch_rows=mb)
+    if best is None:
+        return None
+    return Tiling(n, a, b, form, *best, m, k, cols, a_form=a_form, batch_rows=mb)
 
 
 def _parallel_tiling(
@@ -348,14 +360,15 @@ def _closure(
 def _operand_bases(graph: Graph, mm: int, kernel: Kernel) -> list[int]:
     """The fused nodes of `kernel` that the product `mm` reads as its operands once the views a
     tiled product reads as stored textures (a transpose, a reshape keeping the rows) are looked
-    through: a concatenation of attention heads, a sum, a masked or scaled operand. Stored in a
+    through (a transpose, a batch transpose, a reshape): a concatenation of attention heads, a sum,
+    a masked or scaled operand. Stored in a
     texture of their own, they make the product tileable."""
     out: list[int] = []
     for operand in graph.operands(mm):
         n = operand
         while n in kernel.body:
             view = get_op(graph.op(n)).view
-            if view is None or view(graph.attrs(n)) not in ("transpose", "flat"):
+            if view is None or view(graph.attrs(n)) not in ("transpose", "batch_transpose", "flat"):
                 break
             (n,) = graph.operands(n)
         if n in kernel.body and is_fused(graph, n) and n not in out:
@@ -363,7 +376,7 @@ def _operand_bases(graph: Graph, mm: int, kernel: Kernel) -> list[int]:
     return out
 
 
-def _tiled_product(
+def tiled_product(
     graph: Graph, k: Kernel, mm: int, layouts: dict[int, Layout], target: Target, extra_draws: int
 ) -> list[Kernel] | None:
     """`k`'s product `mm` as a kernel of its own that can be tiled: first with its operands fused
@@ -407,8 +420,10 @@ def split_epilogues(
     gets that expression computed by a kernel of its own before it, where tiling pays for that
     draw too; so does such a product that is its kernel's root. `keep`: kernel names left as they
     are. Returns the new kernel list and the values that became stored.
+    An operand expression already computed for an earlier product (a head's slice of a gradient,
+    read by two products) is read from that kernel's texture, not computed again.
     Guarantee: the same values are computed in the same order; every split-off value is written
-    before the kernels reading it."""
+    once, before the kernels reading it."""
     out: list[Kernel] = []
     stored: set[int] = set()
     for k in kernels:
@@ -420,11 +435,12 @@ def split_epilogues(
         if not loops and get_op(graph.op(root)).kind == "matmul" and len(graph.shape(root)) in (2, 3):
             # The product is the root: split off only the operand expressions blocking its tiling
             # (one part: it tiles as it is, and stays as it is).
-            parts = _tiled_product(graph, k, root, layouts, target, extra_draws=0)
+            parts = tiled_product(graph, k, root, layouts, target, extra_draws=0)
             if parts is None or len(parts) == 1:
                 out.append(k)
                 continue
             *inputs, product = parts
+            inputs = [i for i in inputs if i.roots[0] not in stored]  # computed for an earlier product
             out += [
                 *inputs,
                 Kernel(k.name, k.roots, product.body, product.leaves, k.template, list(k.origins)),
@@ -438,11 +454,12 @@ def split_epilogues(
             out.append(k)
             continue
         (mm,) = loops
-        parts = _tiled_product(graph, k, mm, layouts, target, extra_draws=1)
+        parts = tiled_product(graph, k, mm, layouts, target, extra_draws=1)
         if parts is None:
             out.append(k)
             continue
         ep_body, ep_leaves = _closure(graph, root, k, mm)
+        parts = [p for p in parts[:-1] if p.roots[0] not in stored] + parts[-1:]
         out += [*parts, Kernel(k.name, k.roots, ep_body, ep_leaves, k.template, list(k.origins))]
         stored.add(mm)
         stored.update(n for part in parts[:-1] for n in part.roots)
