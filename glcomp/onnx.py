@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from glcomp.errors import GlcompError
+from glcomp.ir.ops import get_op
 from glcomp.ir.tensor import (
     Tensor,
     broadcast_shapes,
@@ -87,6 +88,7 @@ _STATIC_INPUTS: dict[str, frozenset[int]] = {
     "ReduceSum": frozenset({1}),
     "ReduceMax": frozenset({1}),
     "ReduceMin": frozenset({1}),
+    "ReduceLogSumExp": frozenset({1}),
     "Pow": frozenset({1}),
     "Dropout": frozenset({1, 2}),
     "Gather": frozenset({1}),
@@ -1362,7 +1364,12 @@ def _dropout(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
 
 
 # -- reductions ------------------------------------------------------------------------------------
-@_op("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
+def _np_logsumexp(a: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    out = get_op("logsumexp").reference(np.asarray(a), axes=axis)
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+@_op("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceLogSumExp")
 def _reduce(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
     t = x[0]
     axes = node.attr("axes")
@@ -1376,9 +1383,21 @@ def _reduce(m: OnnxModule, node: _Node, x: list[Any]) -> list[Any]:
         axes = list(range(ndim))
     dims = tuple(sorted(_axis(int(a), ndim, node) for a in axes))
     if not isinstance(t, Tensor):
-        fn = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}[node.op]
+        fn = {
+            "ReduceMean": np.mean,
+            "ReduceSum": np.sum,
+            "ReduceMax": np.max,
+            "ReduceMin": np.min,
+            "ReduceLogSumExp": _np_logsumexp,
+        }[node.op]
         return [fn(np.asarray(t), axis=dims, keepdims=keep)]
-    method = {"ReduceMean": t.mean, "ReduceSum": t.sum, "ReduceMax": t.amax, "ReduceMin": t.amin}[node.op]
+    method = {
+        "ReduceMean": t.mean,
+        "ReduceSum": t.sum,
+        "ReduceMax": t.amax,
+        "ReduceMin": t.amin,
+        "ReduceLogSumExp": t.logsumexp,
+    }[node.op]
     return [method(dims, keepdim=keep)]
 
 

@@ -301,7 +301,7 @@ def random_graphs(draw: Callable[..., Any], max_steps: int = 7, max_side: int = 
             else:
                 dim = draw(st.integers(-t.ndim, t.ndim - 1))
                 keep = draw(st.booleans())
-                how = draw(st.sampled_from(["sum", "mean"]))
+                how = draw(st.sampled_from(["sum", "mean", "logsumexp"]))
                 out = getattr(t, how)(dim, keepdim=keep)
                 name = f"{how}({dim}, keepdim={keep})"
         elif kind == "movement":

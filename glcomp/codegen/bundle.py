@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from glcomp.codegen import families
 from glcomp.codegen.kernel_plan import KernelPlan
 from glcomp.codegen.kernels import Kernel
 from glcomp.codegen.layout import Layout, layout_for
@@ -81,7 +82,19 @@ def storage_of(program: Lowerable) -> str:
     return program.compile_options.storage
 
 
-def texture_formats(entries: dict[str, Any], temporaries: set[str], storage: str) -> dict[str, str]:
+def wide_kernels(plan: KernelPlan) -> set[str]:
+    """The kernels of `plan` computing a value of an op in glcomp.codegen.families.WIDE_OPS
+    (texture_formats keeps their targets float32)."""
+    g = plan.graph
+    return {k.name for k in plan.kernels if any(g.op(r) in families.WIDE_OPS for r in k.roots)}
+
+
+def texture_formats(
+    entries: dict[str, Any],
+    temporaries: set[str],
+    storage: str,
+    wide_draws: dict[str, set[str]] | None = None,
+) -> dict[str, str]:
     """The format of each temporary texture under `storage` ("rgba8": every one, as the states).
 
     With "f16", a temporary is RGBA16F unless it must hold float32: it carries an entry's input
@@ -93,11 +106,14 @@ def texture_formats(entries: dict[str, Any], temporaries: set[str], storage: str
     (predictions, gradients) are RGBA16F and read back widened to float32. Parameters and
     optimizer moments stay float32 because updates far smaller than the value (lr * grad against
     a weight; Adam's second moment of gradients around 1e-4) vanish when rounded to 11
-    significant bits."""
+    significant bits. A draw of a kernel named in `wide_draws` (entry -> kernel names: those
+    computing a logsumexp, `wide_kernels`) renders float32 too."""
     if storage in ("f32", "rgba8"):
         return dict.fromkeys(temporaries, storage)
     wide: set[str] = set()
-    for e in entries.values():
+    for name, e in entries.items():
+        kept = (wide_draws or {}).get(name, set())
+        wide |= {r for d in e["draws"] if d["kernel"] in kept for r in d["targets"] if isinstance(r, str)}
         wide |= {r for refs in e["inputs"].values() for r in refs if isinstance(r, str)}
         wide |= {r for r in e["outputs"].get("loss", {}).get("textures", []) if isinstance(r, str)}
     groups = [d["targets"] for e in entries.values() for d in e["draws"]]
@@ -183,10 +199,12 @@ def _lower(program: IRProgram, options: CompileOptions, dump_after: str | None, 
     }
 
     entries: dict[str, Any] = {}
+    wide: dict[str, set[str]] = {}
     for entry in ENTRY_POINTS:
         if entry in program.graphs:
             plan = run_pipeline(entry_plan(program, entry, options), dump_after, check)
             entries[entry] = _emit_entry(plan, pool, programs, shaders, by_source, cache)
+            wide[entry] = wide_kernels(plan)
 
     # Only textures some draw, input or output names: loaders refuse a bundle declaring others
     # (a pool texture can lose its last use when draws are merged into blended ones).
@@ -202,7 +220,7 @@ def _lower(program: IRProgram, options: CompileOptions, dump_after: str | None, 
         if isinstance(ref, str)
     }
     textures = {name: {"width": w, "height": h} for name, (w, h) in pool.sizes().items() if name in named}
-    for name, fmt in texture_formats(entries, set(textures), options.storage).items():
+    for name, fmt in texture_formats(entries, set(textures), options.storage, wide).items():
         if fmt != "f32":  # no field means RGBA32F: f32 manifests stay as they were
             textures[name]["format"] = fmt
     state_format = {"format": "rgba8"} if options.storage == "rgba8" else {}  # else states are RGBA32F

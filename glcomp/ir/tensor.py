@@ -288,6 +288,10 @@ class Tensor:
         values, indices = _max_with_index(-self, _single_axis(dim, self.ndim, "min"), keepdim)
         return MinMax(-values, indices)
 
+    def logsumexp(self, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
+        """log(sum(exp(self))) over `dim`, computed on self minus its max (torch.logsumexp)."""
+        return reduce("logsumexp", self, dim, keepdim)
+
     def amax(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         """Largest values over `dim` (all axes by default); ties share the gradient equally."""
         return reduce("max", self, dim, keepdim)
@@ -809,21 +813,16 @@ def clamp(t: Tensor, lo: Any = None, hi: Any = None) -> Tensor:
     return out
 
 
-def _shifted(x: Tensor, dim: int) -> Tensor:
-    # Subtracting the (gradient-free) max keeps exp() finite; it does not change the result.
-    return x - x.amax(dim, keepdim=True).detach()
-
-
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """exp(x) / sum(exp(x)) over `dim`, computed on x minus its (gradient-free) max."""
-    e = _shifted(x, dim).exp()
-    return e / e.sum(dim, keepdim=True)
+    """exp(x - logsumexp(x)) over `dim`: one reduction (the logsumexp primitive, computed on x
+    minus its max) and an elementwise exp, where exp(x - max) / sum(exp(x - max)) took two
+    reductions and two elementwise passes."""
+    return (x - reduce("logsumexp", x, dim, True)).exp()
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """x - log(sum(exp(x))) over `dim`, computed on x minus its (gradient-free) max."""
-    z = _shifted(x, dim)
-    return z - z.exp().sum(dim, keepdim=True).log()
+    """x - logsumexp(x) over `dim` (one reduction, computed on x minus its max)."""
+    return x - reduce("logsumexp", x, dim, True)
 
 
 def split(t: Tensor, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]:

@@ -184,8 +184,9 @@ def test_cost_model_tiles_large_convolutions_only() -> None:
 
 
 def test_tiled_conv_with_half_float_storage(force: Any, gl_runtime: Any) -> None:
-    """Tiles are textures of the bundle's storage: with f16 the blocked steps stay within f16's
-    tolerance of the reference."""
+    """Tiles are textures of the bundle's storage: with f16 each blocked step stays within f16's
+    tolerance of the reference's step from the same state (over several steps the two trajectories
+    part by f16's rounding of every update, whatever the kernels)."""
     force(4)
     glcomp.manual_seed(1)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 3))
@@ -198,5 +199,8 @@ def test_tiled_conv_with_half_float_storage(force: Any, gl_runtime: Any) -> None
     ref = prog.runtime("reference")
     with gl_runtime(prog) as gl:
         np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=5e-3, atol=5e-3)
-        losses = [float(gl.train_step(x=x, y=y)) for _ in range(3)]
-    np.testing.assert_allclose(losses, [float(ref.train_step(x=x, y=y)) for _ in range(3)], rtol=5e-3)
+        for _ in range(3):
+            ref.load_state_dict(gl.state_dict())
+            np.testing.assert_allclose(
+                float(gl.train_step(x=x, y=y)), float(ref.train_step(x=x, y=y)), rtol=5e-3
+            )

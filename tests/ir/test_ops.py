@@ -130,6 +130,19 @@ def o_reduce(combine: Callable[[float, float], float], start: float) -> Callable
     return apply
 
 
+def o_logsumexp(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """log of the sum of exp over each output's elements, in Python floats (math.fsum, shifted
+    by the group's max so exp stays finite)."""
+    groups: dict[tuple[int, ...], list[float]] = {}
+    for idx in each(a.shape):
+        groups.setdefault(tuple(0 if i in axes else j for i, j in enumerate(idx)), []).append(float(a[idx]))
+    out = np.zeros(tuple(1 if i in axes else s for i, s in enumerate(a.shape)))
+    for dst, values in groups.items():
+        m = max(values)
+        out[dst] = m + math.log(math.fsum(math.exp(v - m) for v in values))
+    return out
+
+
 def o_one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
     out = np.zeros((*labels.shape, num_classes))
     for idx in each(labels.shape):
@@ -358,6 +371,7 @@ ORACLES: dict[str, Callable[..., np.ndarray]] = {
     "concat": o_concat,
     "sum": o_reduce(operator.add, 0.0),
     "max": o_reduce(max, -math.inf),
+    "logsumexp": o_logsumexp,
     "conv2d": o_conv2d,
     "conv2d_input_grad": o_conv2d_input_grad,
     "conv2d_weight_grad": o_conv2d_weight_grad,

@@ -17,11 +17,13 @@ from glcomp.codegen.families.base import (
     safe_comment,
     template_of,
 )
+from glcomp.codegen.families.reduce import WIDE_OPS
 
 __all__ = [
     "FUSED_KINDS",
     "LOOP_KINDS",
     "LOWERINGS",
+    "WIDE_OPS",
     "Lowering",
     "RenderContext",
     "Rendered",

@@ -1,5 +1,7 @@
 """The reduction family (reduce.frag.j2): one loop over the reduced elements of an output element,
-combined by the op's accumulator, or a texel at a time (`root4`, modes "K" and "L")."""
+combined by the op's accumulator, or a texel at a time (`root4`, modes "K" and "L"). logsumexp
+runs two such loops in one fragment: the maximum m, then the sum of exp(a - m); it returns
+m + log(sum), the two reductions softmax took, in the same order."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ from glcomp.codegen.families.glsl import index_args
 
 # The accumulator of each reduction: (combine over acc and the element a, initial value).
 ACCUMULATORS = {"sum": ("acc + a", "0.0"), "max": ("glc_max(acc, a)", "-3.0e38")}
+# Ops whose first loop is max's and whose second sums exp(a - m) (see the module docstring).
+TWO_PASS = {"logsumexp": "max"}
+# Ops whose results stay float32 under storage="f16": logsumexp's absolute rounding error would
+# become the relative error of every softmax element exp(x - lse) (2^-7 at lse = 8).
+WIDE_OPS = frozenset(TWO_PASS)
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,7 @@ class ReduceRoot:
     lead: list[str]  # the leading indices read, for a texel-wise read (mode "K" of a fused input)
     init: str
     combine: str
+    lse: bool = False  # logsumexp: a second loop sums exp(a - m) after the first found m
 
 
 @dataclass(frozen=True)
@@ -68,8 +76,10 @@ def reduce_root(r: RenderContext, n: int) -> ReduceRoot:
         decompose.insert(0, f"int r{a} = {expr if a == axes[0] else f'imod({expr}, {e})'};")
         read[a] = f"r{a}"
         stride *= e
-    combine, init = ACCUMULATORS[g.op(n)]
-    return ReduceRoot(math.prod(extents), decompose, r.call(src, read), read[:-1], init, combine)
+    op = g.op(n)
+    combine, init = ACCUMULATORS[TWO_PASS.get(op, op)]
+    lead = read[:-1]
+    return ReduceRoot(math.prod(extents), decompose, r.call(src, read), lead, init, combine, op in TWO_PASS)
 
 
 def reduce_root4(r: RenderContext, n: int) -> ReduceTexel | None:
@@ -83,6 +93,8 @@ def reduce_root4(r: RenderContext, n: int) -> ReduceTexel | None:
     shape, axes = g.shape(src), sorted(g.attrs(n)["axes"])
     rank = len(shape)
     head = r.root4_head(n)
+    if g.op(n) in TWO_PASS and (tex is None or rank - 1 not in axes):
+        return None  # texel-wise only along rows of a stored input (mode "L"); else the scalar loops
     if tex is None:
         if rank - 1 in axes:
             return None
@@ -122,5 +134,5 @@ def reduce_root4(r: RenderContext, n: int) -> ReduceTexel | None:
     )
 
 
-for _op in ACCUMULATORS:
+for _op in [*ACCUMULATORS, *TWO_PASS]:
     register(Lowering(_op, "reduce", loop_extent=reduce_extent, root=reduce_root, root4=reduce_root4))

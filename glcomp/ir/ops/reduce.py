@@ -39,6 +39,22 @@ def _max_grad(g, out, a, axes):
     return (broadcast_to(g / count, a.shape) * mask,)
 
 
+def _logsumexp_grad(g, out, a, axes):
+    from glcomp.ir.tensor import broadcast_to
+
+    return (broadcast_to(g, a.shape) * (a - broadcast_to(out, a.shape)).exp(),)
+
+
+def _logsumexp(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """max + log(sum(exp(a - max))), as the shaders compute it: finite for finite inputs, -inf
+    where every element is -inf, NaN where the max is +inf or NaN (torch.logsumexp gives +inf
+    for a +inf; softmax and log_softmax, exp(a - this) and a - this, are NaN there in both)."""
+    m = np.max(a, axis=axes, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        shifted = np.where(m == -np.inf, np.zeros_like(m), m)
+        return (shifted + np.log(np.sum(np.exp(a - shifted), axis=axes, keepdims=True))).astype(a.dtype)
+
+
 register(
     Op(
         "sum",
@@ -60,5 +76,19 @@ register(
         sample=sample_reduce,
         smooth=False,
         attrs=("axes",),
+    )
+)
+# log(sum(exp(a))) over the axes, computed on a minus its maximum (softmax is exp(a - logsumexp)):
+# one reduction where max then sum(exp(a - max)) were two, each reading every element.
+register(
+    Op(
+        "logsumexp",
+        "reduce",
+        reduce_shape,
+        _logsumexp,
+        _logsumexp_grad,
+        sample=sample_reduce,
+        attrs=("axes",),
+        cost=3,
     )
 )

@@ -8,7 +8,8 @@ loop each), then over the rest (few outputs, a short loop), spreads the work ove
     sum(x[N,C,H,W], axes=(0,2,3))  ->  sum(sum(x, axes=(2,3)), axes=(0,))
 
 A single reduced axis that is not the last one is split in two through a reshape (which keeps the
-last axis, so the first stage still reads texels along it). ``max`` splits the same way.
+last axis, so the first stage still reads texels along it). ``max`` splits the same way, and so
+does ``logsumexp`` (the logsumexp of the first stage's logsumexps).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 
 from glcomp.ir.graph import Graph, origin
 
+SPLIT = ("sum", "max", "logsumexp")  # the reductions split in two stages
 LONG = 256  # reductions at least this long are split...
 FEW = 1024  # ...when they produce at most this many values
 
@@ -79,19 +81,19 @@ def _split(graph: Graph, n: int) -> int | None:
 
 
 def split_reductions(graph: Graph) -> Graph:
-    """After this pass no ``sum`` or ``max`` reduces `LONG` or more elements into at most `FEW`
+    """After this pass no ``sum``, ``max`` or ``logsumexp`` reduces `LONG` or more elements into at most `FEW`
     values when its reduced axes can be split (several axes, or one axis that is not the last).
 
     Requires a valid graph; the result computes the same outputs up to the order of additions
-    (``max`` exactly) and is pruned of the nodes it replaced. A graph with nothing to split or
-    prune is returned as it is (not copied).
+    (``max`` exactly; ``logsumexp`` up to rounding) and is pruned of the nodes it replaced. A
+    graph with nothing to split or prune is returned as it is (not copied).
     """
-    todo = [n for n in graph.g if graph.op(n) in ("sum", "max") and _plan(graph, n) is not None]
+    todo = [n for n in graph.g if graph.op(n) in SPLIT and _plan(graph, n) is not None]
     if not todo and len(graph.live()) == len(graph.g):
         return graph
     g = graph.copy()
     for n in g.topo():
-        if g.op(n) in ("sum", "max"):
+        if g.op(n) in SPLIT:
             new = _split(g, n)
             if new is not None:
                 g.replace_uses(n, new)
