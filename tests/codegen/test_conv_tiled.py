@@ -1,5 +1,5 @@
-"""Register-blocked convolutions (glcomp.codegen.families.conv: ConvTiling for conv2d and stride-1
-input gradients, WeightGradTiling for weight gradients): R output channels (of C texels along a row
+"""Register-blocked convolutions (glcomp.codegen.families.conv: ConvTiling for conv2d and input
+gradients at stride 1 or 2, WeightGradTiling for weight gradients): R output channels (of C texels along a row
 for ConvTiling) a fragment into R * C render targets, gathered into the product's layout.
 GL against the reference runtime over strides, paddings, kernel sizes, channel counts that R
 does not divide and rows that C texels a fragment do not divide; the bias and activation epilogue
@@ -80,6 +80,10 @@ CASES = [
     (3, 8, 1, 1, 0, 16, 2, 4),  # pointwise
     (3, 4, 3, 1, 1, 33, 2, 4),  # rows of 9 texels in blocks of 4
     (2, 3, 2, 2, 1, 30, 2, 4),  # even kernel, stride 2
+    # stride-2 input gradients: R channels of one texel, the taps of the texel's parity
+    (3, 8, 3, 2, 1, 11, 8, 1),  # odd rows: the last texel's columns half past the row
+    (3, 6, 3, 2, 1, 11, 4, 1),  # 6 channels: the last group of 4 clamps
+    (4, 8, 1, 2, 0, 12, 4, 1),  # a 1x1 shortcut: its input gradient keeps the texel kernel
 ]
 
 
@@ -92,8 +96,11 @@ def test_tiled_conv_matches_reference(case: tuple[int, ...], force: Any, gl_runt
     assert any(f" tiled {r}x{cb}" in line for line in _tiled(prog, "train_step")), _tiled(prog, "train_step")
     # the first convolution's bias and ReLU read its product straight from the tiles (no gather)
     assert any("reader gathers" in line for line in _tiled(prog, "predict")), prog.explain(dump_after="mrt")
-    # the second convolution's input gradient (stride 1) runs blocked too
-    assert bool(_tiled(prog, "train_step", "conv2d_input_grad")) == (stride == 1)
+    # the second convolution's input gradient (stride 1, or 2: one texel a fragment; not a 1x1 at
+    # stride 2) runs blocked too
+    blocked = _tiled(prog, "train_step", "conv2d_input_grad")
+    assert bool(blocked) == (stride == 1 or k > 1), prog.explain(dump_after="tiling")
+    assert stride == 1 or all(f" tiled {r}x1" in line for line in blocked), blocked
     assert len(_tiled(prog, "train_step", "conv2d_weight_grad")) == 2  # both weight gradients
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(2, c, size, size)).astype(np.float32), rng.integers(0, 3, size=2)

@@ -1,5 +1,6 @@
 """Input gradients at stride 2 along W as vec4 kernels (families/conv2d_input_grad.frag.j2
-`_root4_strided`, families/conv.py `strided_columns`): a stride-2 convolution's backward and a
+`_root4_strided`, families/conv.py `strided_columns`) and register-blocked (R channels a fragment,
+conv2d_tiled.frag.j2's strided block): a stride-2 convolution's backward and a
 ConvTranspose2d's forward read g's rows texel-wise, each tap of the four output columns at a
 texel and component fixed by the output texel's parity, against the reference: odd and even
 kernels, paddings, sizes whose rows end mid-texel, stride 2 along H too or not, grouped
@@ -111,3 +112,56 @@ def test_strided_columns_are_the_scalar_loops_taps(pw: int, kw: int) -> None:
                     continue
                 d, comp = (pick[2], pick[3]) if p else (pick[0], pick[1])
                 assert 4 * (b + dmin + d) + comp == u // 2
+
+
+def _blocked(prog: glcomp.Program) -> bool:
+    """Whether some shader holds the register-blocked strided input gradient."""
+    return any("of the stride-2 adjoint" in s for s in build_bundle(prog).shaders.values())
+
+
+@pytest.mark.parametrize(
+    "k, stride, pad, size, channels",
+    [
+        (3, (2, 2), 1, 9, 4),  # rows end mid-texel
+        (4, (2, 2), 1, 16, 2),  # even kernel
+        (5, (2, 2), 2, 11, 4),  # a 5x5 window
+        (3, (1, 2), 1, 9, 2),  # stride 2 along W only
+    ],
+)
+def test_blocked_strided_input_gradient_matches_reference(
+    k, stride, pad, size, channels, gl_runtime: Any, monkeypatch: pytest.MonkeyPatch
+):
+    """Forced register blocking (R channels a fragment, the taps of g's row fetched once for
+    them): the same sums as the texel kernel, against the reference."""
+    from glcomp.codegen import cost
+    from glcomp.codegen.families import conv as conv_family
+
+    monkeypatch.setattr(conv_family, "CONV_CHANNELS", (channels,))
+    monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
+    monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
+    glcomp.manual_seed(k + size)
+    prog = glcomp.compile(
+        TwoConvs(k, stride, pad),
+        {"x": (2, 2, size, size)},
+        loss=SumLoss(),
+        target="webgl2",
+        max_draw_buffers=8,
+    )
+    assert _blocked(prog)
+    _check(prog, gl_runtime, (2, 2, size, size), seed=size)
+
+
+def test_blocked_conv_transpose_forward_matches_reference(gl_runtime: Any, monkeypatch: pytest.MonkeyPatch):
+    """The hourglass's upsampling (ConvTranspose2d 4x4, stride 2, padding 1), blocked: its forward
+    (a stride-2 input gradient) against the reference."""
+    from glcomp.codegen import cost
+    from glcomp.codegen.families import conv as conv_family
+
+    monkeypatch.setattr(conv_family, "CONV_CHANNELS", (4,))
+    monkeypatch.setattr(cost, "BLOCKED_DRAW", 0)
+    monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
+    glcomp.manual_seed(7)
+    model = nn.Sequential(nn.ConvTranspose2d(3, 6, 4, stride=2, padding=1), nn.ReLU())
+    prog = glcomp.compile(model, {"x": (2, 3, 7, 7)}, loss=SumLoss(), target="webgl2", max_draw_buffers=8)
+    assert _blocked(prog)
+    _check(prog, gl_runtime, (2, 3, 7, 7), seed=4)

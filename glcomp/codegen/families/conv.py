@@ -192,7 +192,8 @@ class ConvTiling:
     the product's layout. `shape` holds N, C, H, W, O, OH, OW, KH, KW (the source's channels and size, the
     output's channels and size, the window); `stride`, `padding` the conv's. With `adjoint` the
     product is conv2d_input_grad(g, w) at stride 1: the source is g (C = the conv's O), the
-    output the input gradient (O = the conv's C), the taps mirrored.
+    output the input gradient (O = the conv's C), the taps mirrored; at stride 2 along W (C = 1)
+    only the taps that land on each column, as input_grad_root4's strided form.
     Guarantee: each output element is the sum the texel kernel (conv2d.frag.j2 root4) computes,
     in the same order; components past the row end are exactly zero."""
 
@@ -207,7 +208,7 @@ class ConvTiling:
     padding: tuple[int, int]
     C: int = 1  # output texels along a row per fragment
     S: int = 1  # chunks of the reduction (never split)
-    adjoint: bool = False  # conv2d_input_grad (stride 1): x is the gradient g, the loop runs over O
+    adjoint: bool = False  # conv2d_input_grad (stride 1, or 2 along W): x is g, the loop runs over O
 
     @property
     def groups(self) -> int:
@@ -247,10 +248,17 @@ class ConvTiling:
         """The block draw's and the gather draw's shaders."""
         _, c, h, _, o, oh, ow, kh, kw = self.shape
         (sh, sw), (ph, pw) = self.stride, self.padding
-        dmin, dmax = conv_texels(self.adjoint, sw, kw, pw, self.C)
+        strided = self.adjoint and sw == 2
+        if strided:
+            dmin, cols = strided_columns(pw, kw)
+            dmax = dmin + max(
+                d for col in cols for pick in col if pick is not None for d in (pick[0], pick[2])
+            )
+        else:
+            (dmin, dmax), cols = conv_texels(self.adjoint, sw, kw, pw, self.C), ()
         params = {"R": self.R, "CB": self.C, "C": c, "H": h, "O": o, "OG": self.groups, "OH": oh, "OW": ow}
-        params |= {"KH": kh, "KW": kw, "SH": sh, "SW": sw, "PH": ph, "PW": pw}
-        params |= {"RT": self.row_texels, "RB": self.row_blocks}
+        params |= {"KH": kh, "KW": kw, "SH": sh, "SW": sw, "PH": ph, "PW": pw, "KHS": -(-kh // sh)}
+        params |= {"RT": self.row_texels, "RB": self.row_blocks, "strided": strided, "cols": cols}
         params |= {"adjoint": self.adjoint, "max_loop": target.max_loop_iterations}
         texels = f" x {self.C} texels" if self.C > 1 else ""
         name = f"{kernel.name} (tiled {self.R} channels{texels}{' of the adjoint' * self.adjoint})"
@@ -468,7 +476,8 @@ def conv_texels(adjoint: bool, sw: int, kw: int, pw: int, texels: int = 1) -> tu
 def choose_conv_tiling(
     graph: Any, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
 ) -> ConvTiling | None:
-    """The register-blocked form of a lone conv2d kernel (or a stride-1 conv2d_input_grad) over
+    """The register-blocked form of a lone conv2d kernel (or a conv2d_input_grad at stride 1, or 2
+    along W with one texel a fragment) over
     stored single-page source and weights (ungrouped), or None: R output channels a fragment share
     each fetch of the source row, so a kernel row of a channel costs D / R + ceil(KW / 4) fetches
     per output texel instead of D + ceil(KW / 4); chosen where the saved fetches pay for the
@@ -477,7 +486,11 @@ def choose_conv_tiling(
     adjoint = graph.op(n) == "conv2d_input_grad"
     if kernel.body or graph.attrs(n).get("groups", 1) != 1 or layouts[n].pages != 1:
         return None
-    if adjoint and tuple(graph.attrs(n)["stride"]) != (1, 1):
+    stride = tuple(graph.attrs(n)["stride"])
+    strided = adjoint and stride != (1, 1)
+    # A 1x1 window at stride 2 keeps the texel kernel: each weight texel holds one tap there, and
+    # blocked it ran slower on the H200 (ResNet's shortcut: 1.07 ms texel-wise, 1.22 ms blocked).
+    if strided and (stride[1] != 2 or graph.shape(graph.operands(n)[1])[3] == 1):
         return None
     x, w = graph.operands(n)
     if not all(v in kernel.leaves and layouts[v].pages == 1 for v in (x, w)):
@@ -486,23 +499,28 @@ def choose_conv_tiling(
     o, oh, ow = graph.shape(n)[1:]
     kh, kw = graph.shape(w)[2:]
     (sh, sw), (ph, pw) = graph.attrs(n)["stride"], graph.attrs(n)["padding"]
-    dmin, dmax = conv_texels(adjoint, sw, kw, pw)
+    if strided:  # the kernel rows of one parity, the texels of g's row under the landing taps
+        dmin, cols = strided_columns(pw, kw)
+        dmax = dmin + max(dd for col in cols for pick in col if pick is not None for dd in (pick[0], pick[2]))
+        rows = -(-kh // sh)
+    else:
+        (dmin, dmax), rows = conv_texels(adjoint, sw, kw, pw), kh
     d = dmax - dmin + 1
     wrt, rt = math.ceil(kw / 4), math.ceil(ow / 4)
     texels = batch * o * oh * rt
-    today = cost.fetches(texels * c * kh * (d + wrt))
+    today = cost.fetches(texels * c * rows * (d + wrt))
     shape = (batch, c, h, wd, o, oh, ow, kh, kw)
     best: tuple[float, int, int] | None = None
     for r in CONV_CHANNELS:
-        for cb in CONV_TEXELS:
+        for cb in (1,) if strided else CONV_TEXELS:
             if r * cb > target.max_draw_buffers or r > o or cb > rt:
                 continue
             tiling = ConvTiling(n, x, w, r, shape, (sh, sw), (ph, pw), C=cb, adjoint=adjoint)
             if tiling.tile_layout(target.max_texture_size).pages != 1:
                 continue
-            lo, hi = conv_texels(adjoint, sw, kw, pw, cb)
+            lo, hi = (dmin, dmax) if strided else conv_texels(adjoint, sw, kw, pw, cb)
             blocks = batch * tiling.groups * oh * tiling.row_blocks
-            work = cost.fetches(blocks * c * kh * (hi - lo + 1 + r * wrt) + texels * cost.GATHER_FETCHES)
+            work = cost.fetches(blocks * c * rows * (hi - lo + 1 + r * wrt) + texels * cost.GATHER_FETCHES)
             work += cost.draws(1 + extra_draws, blocked=True, target=target)
             if best is None or work < best[0]:
                 best = (work, r, cb)
