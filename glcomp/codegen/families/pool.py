@@ -127,4 +127,13 @@ register(
         root4=max_pool_grad_root4,
     )
 )
-register(Lowering("avg_pool2d_grad", "avg_pool2d_grad", loop_extent=window_extent, root=avg_pool_grad_root))
+
+
+def landing_extent(shapes: Shapes, attrs: dict[str, Any]) -> int:
+    """One loop over the taps of the window that can land on an input position: ceil(KH / SH) x
+    ceil(KW / SW) (avg_pool2d_grad.frag.j2)."""
+    (kh, kw), (sh, sw) = attrs["kernel"], attrs["stride"]
+    return -(-kh // sh) * -(-kw // sw)
+
+
+register(Lowering("avg_pool2d_grad", "avg_pool2d_grad", loop_extent=landing_extent, root=avg_pool_grad_root))
