@@ -432,9 +432,11 @@ def split_epilogues(
             out.append(k)
             continue
         root = k.roots[0]
-        if not loops and get_op(graph.op(root)).kind == "matmul" and len(graph.shape(root)) in (2, 3):
-            # The product is the root: split off only the operand expressions blocking its tiling
-            # (one part: it tiles as it is, and stays as it is).
+        product_root = get_op(graph.op(root)).kind == "matmul" and len(graph.shape(root)) in (2, 3)
+        if not loops and (product_root or _has_tiled_form(graph, root)):
+            # The product (a matmul, or a convolution with a blocked form) is the root: split off
+            # only the operand expressions blocking its tiling (one part: it tiles as it is, and
+            # stays as it is).
             parts = tiled_product(graph, k, root, layouts, target, extra_draws=0)
             if parts is None or len(parts) == 1:
                 out.append(k)
