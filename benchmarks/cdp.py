@@ -435,12 +435,39 @@ class Browser:
             proc.wait(5.0)
         except subprocess.TimeoutExpired:
             pass
+        # SIGKILL is delivered at once but a process takes a moment to die (its renderer and GPU
+        # processes, reparented when the browser itself was killed, are reaped by init): wait
+        # until the group has no live member, so a closed browser leaves no process behind.
+        deadline = time.monotonic() + 5.0
+        while _live_group_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    """The processes of process group `pgid` that are not zombies (Linux's /proc; elsewhere
+    none are found)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry))
+    return members
 
 
 def launch(
