@@ -125,40 +125,14 @@ def _mobilenet_layers(lib: Any) -> list[Any]:
     return [*layers, lib.AdaptiveAvgPool2d(1), lib.Flatten(), lib.Linear(64, 10)]
 
 
-def _residual_block(lib: Any, cin: int, cout: int, stride: int) -> Any:
-    """A ResNet basic block for glcomp.nn and torch.nn (`lib`): conv 3x3 (stride `stride`) +
-    BatchNorm + ReLU, conv 3x3 + BatchNorm, plus the shortcut (the identity, or a 1x1 conv at
-    `stride` + BatchNorm where the shape changes), then ReLU. Convolutions without bias."""
-
-    class Block(lib.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv1 = lib.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
-            self.bn1 = lib.BatchNorm2d(cout)
-            self.conv2 = lib.Conv2d(cout, cout, 3, padding=1, bias=False)
-            self.bn2 = lib.BatchNorm2d(cout)
-            self.relu = lib.ReLU()
-            self.short = lib.Identity()
-            if stride != 1 or cin != cout:
-                self.short = lib.Sequential(
-                    lib.Conv2d(cin, cout, 1, stride=stride, bias=False), lib.BatchNorm2d(cout)
-                )
-
-        def forward(self, x: Any) -> Any:
-            y = self.relu(self.bn1(self.conv1(x)))
-            return self.relu(self.bn2(self.conv2(y)) + self.short(x))
-
-    return Block()
-
-
 def _resnet_layers(lib: Any) -> list[Any]:
     """ResNet-style residual CNN at a browser size (realistic.py's resnet at half its widths), for
     glcomp.nn and torch.nn (`lib`): 3x32x32, conv 3-16 3x3 + BatchNorm + ReLU, two basic blocks
     at 16 channels (32x32), a block 16-32 at stride 2 (1x1 stride-2 projection shortcut) and one
     at 32 (16x16), global average pool, Linear 32-10. 43,226 parameters."""
+    block = _realistic()._residual_block  # realistic.py's basic block, at these widths
     stem = [lib.Conv2d(3, 16, 3, padding=1, bias=False), lib.BatchNorm2d(16), lib.ReLU()]
-    blocks = [_residual_block(lib, 16, 16, 1), _residual_block(lib, 16, 16, 1)]
-    blocks += [_residual_block(lib, 16, 32, 2), _residual_block(lib, 32, 32, 1)]
+    blocks = [block(lib, 16, 16, 1), block(lib, 16, 16, 1), block(lib, 16, 32, 2), block(lib, 32, 32, 1)]
     return [*stem, *blocks, lib.AdaptiveAvgPool2d(1), lib.Flatten(), lib.Linear(32, 10)]
 
 

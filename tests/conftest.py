@@ -405,3 +405,21 @@ def force(monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.setattr(cost, "GATHER_FETCHES", 0)
 
     return apply
+
+
+def benchmark_module(name: str) -> Any:
+    """benchmarks/<name>.py as a module, loaded once under the key bench_browser.py's `_sibling`
+    uses (so a test and the benchmark it drives share one copy)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    key = f"_glcomp_{name}"
+    if key not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(key, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]

@@ -7,10 +7,8 @@ leaving no process behind. Chromium is found, and started, as the browser tests 
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import benchmark_module
 
 pytestmark = pytest.mark.browser
 
-CDP_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "cdp.py"
 FILES = {
     "/": (b"<!doctype html><title>cdp test</title><body>page</body>", "text/html"),
     "/mod.js": (b"export const answer = 41;", "text/javascript"),
@@ -29,13 +27,7 @@ FILES = {
 
 
 def _cdp() -> Any:
-    if "_glcomp_cdp" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("_glcomp_cdp", CDP_PATH)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["_glcomp_cdp"]
+    return benchmark_module("cdp")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -19,12 +19,12 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import benchmark_module
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 PEERS = BENCHMARKS / "peers"
@@ -43,13 +43,7 @@ REALISTIC = ("vgg", "mobilenet", "resnet", "hourglass")
 
 
 def _bench() -> Any:
-    if "_glcomp_bench" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("_glcomp_bench", BENCHMARKS / "bench.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["_glcomp_bench"]
+    return benchmark_module("bench")
 
 
 def _torch_layers(name: str) -> list[dict[str, Any]]:

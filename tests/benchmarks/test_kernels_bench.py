@@ -4,25 +4,16 @@ timed run of its CLI on one small layer (GL: llvmpipe in CI)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from conftest import benchmark_module
 
 
 def _kernels() -> Any:
-    if "_glcomp_kernels_bench" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("_glcomp_kernels_bench", BENCHMARKS / "kernels.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["_glcomp_kernels_bench"]
+    return benchmark_module("kernels")
 
 
 def test_flop_counts_of_known_layers() -> None:

@@ -104,9 +104,10 @@ def input_grad_root4(r: RenderContext, n: int) -> ConvTexel | None:
     head = r.root4_head(n)
     cg = g.shape(w)[1]  # the input channels of one group (all of them when not grouped)
     if stride[1] == 2:
-        dmin, cols = strided_columns(pw, kw)
-        texels = 1 + max(d for col in cols for pick in col if pick is not None for d in (pick[0], pick[2]))
-        return ConvTexel(**head, g_tex=g_tex, w_tex=r.texture(w), C=cg, dmin=dmin, D=texels, cols=cols)
+        dmin, dmax, cols = strided_span(pw, kw)
+        return ConvTexel(
+            **head, g_tex=g_tex, w_tex=r.texture(w), C=cg, dmin=dmin, D=dmax - dmin + 1, cols=cols
+        )
     dmin, dmax = (pw - kw + 1) // 4, (pw + 3) // 4  # texels of g's row around column x0 // 4
     return ConvTexel(**head, g_tex=g_tex, w_tex=r.texture(w), C=cg, dmin=dmin, D=dmax - dmin + 1)
 
@@ -135,6 +136,16 @@ def strided_columns(pw: int, kw: int) -> tuple[int, tuple[tuple[tuple[int, int, 
         tuple(None if k is None else (k[0] - dmin, k[1], k[2] - dmin, k[3]) for k in row) for row in picks
     )
     return dmin, cols
+
+
+Picks = tuple[tuple[tuple[int, int, int, int] | None, ...], ...]  # strided_columns' cols
+
+
+def strided_span(pw: int, kw: int) -> tuple[int, int, Picks]:
+    """(dmin, dmax, cols): `strided_columns` and the last texel of g's row its taps read, relative
+    to b as dmin is (the D = dmax - dmin + 1 texels a stride-2 input gradient fetches a row)."""
+    dmin, cols = strided_columns(pw, kw)
+    return dmin, dmin + max(d for col in cols for p in col if p is not None for d in (p[0], p[2])), cols
 
 
 # -- conv2d_weight_grad: adjoint in w --------------------------------------------------------------
@@ -250,10 +261,7 @@ class ConvTiling:
         (sh, sw), (ph, pw) = self.stride, self.padding
         strided = self.adjoint and sw == 2
         if strided:
-            dmin, cols = strided_columns(pw, kw)
-            dmax = dmin + max(
-                d for col in cols for pick in col if pick is not None for d in (pick[0], pick[2])
-            )
+            dmin, dmax, cols = strided_span(pw, kw)
         else:
             (dmin, dmax), cols = conv_texels(self.adjoint, sw, kw, pw, self.C), ()
         params = {"R": self.R, "CB": self.C, "C": c, "H": h, "O": o, "OG": self.groups, "OH": oh, "OW": ow}
@@ -500,8 +508,7 @@ def choose_conv_tiling(
     kh, kw = graph.shape(w)[2:]
     (sh, sw), (ph, pw) = graph.attrs(n)["stride"], graph.attrs(n)["padding"]
     if strided:  # the kernel rows of one parity, the texels of g's row under the landing taps
-        dmin, cols = strided_columns(pw, kw)
-        dmax = dmin + max(dd for col in cols for pick in col if pick is not None for dd in (pick[0], pick[2]))
+        dmin, dmax, _ = strided_span(pw, kw)
         rows = -(-kh // sh)
     else:
         (dmin, dmax), rows = conv_texels(adjoint, sw, kw, pw), kh
