@@ -209,6 +209,75 @@ async (arg) => {
 }
 """
 
+# --profile: where a glcomp.js train step's time goes, draw by draw. After the warm-up steps each
+# draw of the step runs `reps` times back to back, then a 1-pixel readback of its target waits for
+# it (SwiftShader has no timer queries); the readback's own cost is timed alone and taken off.
+PROFILE_JS = """
+async (arg) => {
+  const g = await import('/glcomp.js');
+  const rt = await g.Runtime.load(arg.base, { quiet: true, readback: arg.readback });
+  const typed = (values, isFloat) => (isFloat ? Float32Array.from(values) : Int32Array.from(values));
+  const batch = { [arg.xName]: typed(arg.x, arg.xFloat), [arg.yName]: typed(arg.y, arg.yFloat) };
+  for (let i = 0; i < arg.warmup; i++) await rt.trainStep(batch);
+  let t = performance.now();
+  await rt.trainStep(batch);
+  const stepMs = performance.now() - t;
+  const gl = rt.gl;
+  const px = { f: new Float32Array(4), b: new Uint8Array(4) };
+  const wait = (d) => {
+    if (rt._texture(d.targets[0]).__span === 4) gl.readPixels(0, 0, 1, 1, gl.RGBA, gl.UNSIGNED_BYTE, px.b);
+    else gl.readPixels(0, 0, 1, 1, gl.RGBA, gl.FLOAT, px.f);
+  };
+  const draws = rt.manifest.entries.train_step.draws;
+  const records = [];
+  let waitMs = 0;
+  for (const d of draws) {
+    rt._draw(d);
+    wait(d);
+    t = performance.now();
+    wait(d);
+    const w = performance.now() - t;
+    waitMs += w;
+    t = performance.now();
+    for (let i = 0; i < arg.reps; i++) rt._draw(d);
+    wait(d);
+    const ms = (performance.now() - t - w) / arg.reps;
+    records.push({ kernel: d.kernel, program: d.program, viewport: d.viewport, ms });
+  }
+  gl.disable(gl.BLEND);
+  gl.bindFramebuffer(gl.FRAMEBUFFER, null);
+  const info = rt.info();
+  rt.dispose();
+  return { stepMs, waitMs: waitMs / draws.length, records, renderer: info.renderer };
+}
+"""
+
+
+def profile_table(name: str, rec: dict[str, Any], top: int = 20) -> str:
+    """One workload's per-draw profile (PROFILE_JS's record): the costliest kernels first, then
+    the shares by root op (a kernel's name after its index, up to its first fused op)."""
+    by_kernel: dict[str, list[Any]] = {}
+    for r in rec["records"]:
+        k = by_kernel.setdefault(r["kernel"], [0.0, "x".join(map(str, r["viewport"])), 0])
+        k[0] += max(r["ms"], 0.0)
+        k[2] += 1
+    total = sum(v[0] for v in by_kernel.values())
+    by_root: dict[str, float] = {}
+    for k, v in by_kernel.items():
+        root = k.split("_", 1)[-1].split("+", 1)[0]
+        by_root[root] = by_root.get(root, 0.0) + v[0]
+    ranked = sorted(by_root.items(), key=lambda kv: -kv[1])
+    roots = ", ".join(f"{r} {100 * t / total:.0f}%" for r, t in ranked)
+    rows = [
+        [k, v[1], str(v[2]), f"{v[0]:.2f}", f"{100 * v[0] / total:.1f}%"]
+        for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:top]
+    ]
+    title = (
+        f"{name}: the draws add up to {total:.1f} ms (the step {rec['stepMs']:.1f} ms; a 1-pixel readback "
+        f"{rec['waitMs']:.2f} ms, taken off each) in {len(by_kernel)} kernels; by root op: {roots}"
+    )
+    return title + "\n" + _bench().markdown(["kernel", "viewport", "draws", "ms", "share"], rows)
+
 
 def _moderngl_ms(prog: glcomp.Program, feeds: dict[str, np.ndarray], warmup: int, steps: int) -> float | None:
     try:
@@ -297,12 +366,15 @@ def run(
     chromium: str | None = None,
     chromium_args: tuple[str, ...] = (),
     console: bool = False,
+    profile: int = 0,
 ) -> list[dict[str, Any]]:
     """Time every workload on glcomp.js (each target) and on each peer, `rounds` times, one fresh
     page per run, interleaved: within a round each workload runs on every runtime in turn (the
     order reversed on odd rounds). One record per run, with the load average before and after.
     `chromium`: a Chromium binary driven by benchmarks/cdp.py (None: the system's, by Playwright),
-    started with `chromium_args` after the default flags."""
+    started with `chromium_args` after the default flags. `profile` > 0: no peers, and each
+    glcomp.js page times every draw of the train step `profile` times back to back instead
+    (PROFILE_JS), its record the draws'."""
     workloads = _workloads()
     results: list[dict[str, Any]] = []
     peer_server = _peer_server() if peers else None
@@ -331,7 +403,7 @@ def run(
             for rnd in range(rounds):
                 for name in names:
                     x, y, shape = batches[name]
-                    runs = [("glcomp.js", t) for t in targets] + [(p, "webgl2") for p in peers]
+                    runs = [("glcomp.js", t) for t in targets] + [(p, "webgl2") for p in peers if not profile]
                     for runtime, target in runs if rnd % 2 == 0 else runs[::-1]:
                         label = f"{name} / {runtime}" + (f" / {target}" if runtime == "glcomp.js" else "")
                         print(f"  round {rnd + 1}: {label} ...", file=sys.stderr, flush=True)
@@ -352,6 +424,14 @@ def run(
                             page.goto(url + "glcomp.js")
                             arg = common | {"base": f"/bundle/{name}_{target}/", "pipelined": pipelined}
                             arg |= {"xName": workloads[name].input_name, "yName": workloads[name].target_name}
+                            if profile:
+                                arg |= {"reps": profile}
+                                rec = _evaluate(page, PROFILE_JS, arg, label)
+                                if rec is not None:
+                                    print(profile_table(label, rec), flush=True)
+                                    rec |= {"workload": name, "runtime": runtime, "target": target}
+                                    results.append(rec)
+                                continue
                             rec = _evaluate(page, PAGE_JS, arg, label)
                         else:
                             page.goto(peer_url)
@@ -515,6 +595,13 @@ def main(argv: list[str] | None = None) -> int:
         '--chromium-args="--use-angle=vulkan --enable-features=Vulkan"',
     )
     parser.add_argument("--console", action="store_true", help="print the pages' console messages")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="time each glcomp.js draw of a train step REPS times back to back instead (no peers)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
@@ -547,8 +634,12 @@ def main(argv: list[str] | None = None) -> int:
         chromium=args.chromium,
         chromium_args=tuple(shlex.split(args.chromium_args)),
         console=args.console,
+        profile=args.profile,
     )
     load_end = _load()
+    if args.profile:
+        print(f"# load average (1 min): {load_start:.2f} at the start, {load_end:.2f} at the end")
+        return 0
     if results:
         print(f"# Chromium WebGL renderer: {results[0]['renderer']}", file=sys.stderr)
     print(
