@@ -24,10 +24,13 @@ AMD EPYC, 2026-11-30) 0.50-0.63 ns per element-iteration and 31-59 us per isolat
 more (LSTM 104 -> 82 draws per step, CNN 36 -> 32) and the steps ran no faster (LSTM 74 -> 86
 ms, CNN 13.2 -> 13.8 ms; benchmarks/bench.py, GL runtime, same machine and hour, load 3.7-4.5),
 so `DRAW` stays at the 20,000 those measurements favour. A register-blocked draw (up to 8 render
-targets) and its gather draw cost far more than a plain draw on CPU rasterizers: tiling every
-matmul that the fetch count alone favours made the MLP and conv_seed steps 10-25% slower on
-llvmpipe, so `BLOCKED_DRAW` is 2^20 element-iterations (2^18 fetches), which keeps tiling for
-large products (about 1024^3 and up), where the H200 measured it 3.4x faster. On an NVIDIA H200
+targets) and its gather draw cost more than a plain draw on CPU rasterizers: `BLOCKED_DRAW` is
+2^16 element-iterations. It was 2^20 (tiling every matmul that the fetch count alone favoured
+had made the MLP and conv_seed steps 10-25% slower on llvmpipe, before tiles were read by their
+epilogues without a gather); with 2^16, the kernels of 2026-12-04, char-GPT (bench.py's gpt)
+ran 166 ms a step in SwiftShader against 181 (8 rounds interleaved in one headless Chromium) and
+the same on llvmpipe, the MLP 5.6 against 6.5 ms in SwiftShader and 4.1 against 4.6 on llvmpipe,
+the CNN the same on both (benchmarks/RESULTS.md). On an NVIDIA H200
 calibrate.py gives 0.012 ns per element-iteration and 12 us per draw, about 1,030,000: these
 constants suit CPU rasterizers and browsers. A target may carry its own (Target.draw_cost,
 Target.blocked_draw_cost; the ``webgl2-gpu`` preset has the H200's), which every decision below
@@ -39,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 DRAW = 20_000  # element-iterations one draw call costs
-BLOCKED_DRAW = 1 << 20  # element-iterations a register-blocked draw or its gather draw costs
+BLOCKED_DRAW = 1 << 16  # element-iterations a register-blocked draw or its gather draw costs
 FETCH = 4  # element-iterations one texel fetch counts (a texel holds four elements)
 RECOMPUTE = 2  # ops of fused arithmetic a loop kernel may recompute at each read of an operand
 GATHER_FETCHES = 2  # texel fetches a tiled kernel's gather draw spends per output texel (read, write)

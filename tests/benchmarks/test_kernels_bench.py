@@ -54,7 +54,7 @@ LAYERS = {
     "depthwise": (1, 16, 16, (8, 8), 3, 1, 1, 16, False),
     "transposed": (1, 16, 8, (4, 6), 4, 2, 1, 1, True),
     "wider": (2, 32, 64, (16, 16), 3, 1, 1, 1, False),
-    "merged": (1, 3, 16, (32, 32), 3, 1, 1, 1, False),  # mrt merges its dx and dw kernels
+    "merged": (1, 3, 16, (8, 8), 3, 1, 1, 1, False),  # mrt merges its dx and dw kernels
 }
 
 
@@ -76,7 +76,10 @@ def test_gradient_draws_split_into_disjoint_passes(layer: str) -> None:
     forward = "conv2d_input_grad" if case.transposed else "conv2d"
     rest = set(range(len(ops))) - dx - dw
     assert ops[0] == forward and 0 in rest
-    assert sorted(ops[i] for i in rest if ops[i] not in (forward, "mul")) == ["reshape", "sum"], ops
+    # the loss's: its sum, its gradient (mul, sharing a draw with the bias gradient's sum where
+    # MRT merges them) and the reshapes of the gradients
+    loss = {ops[i] for i in rest}
+    assert "reshape" in loss and loss <= {forward, "mul", "sum", "reshape"}, ops
 
 
 def test_main_times_the_three_passes_of_one_small_layer(tmp_path: Path, gl_ctx: Any) -> None:

@@ -186,7 +186,8 @@ def _matmul_kernel(m: int, k: int, n: int) -> tuple[Graph, Kernel, dict[int, Any
         (512, 512, 512, "webgl2", {}, (4, 1)),  # 4 draw buffers: 4 x 1 beats 2 x 2
         (512, 512, 512, "webgl2", {"max_draw_buffers": 1}, None),
         (512, 512, 512, "webgl1", {"max_draw_buffers": 8}, None),
-        (64, 128, 64, "webgl2", {"max_draw_buffers": 8}, None),  # an mlp layer: the draw does not pay
+        (64, 128, 64, "webgl2", {"max_draw_buffers": 8}, (8, 1)),  # an mlp layer: pays (SwiftShader)
+        (16, 64, 16, "webgl2", {"max_draw_buffers": 8}, None),  # a small one: the draw does not pay
         (64, 784, 32, "webgl2", {"max_draw_buffers": 8}, (8, 1)),  # long K: pays (7.4 -> 0.9 ms, llvmpipe)
         (8, 8, 8, "webgl2", {}, None),
     ],
@@ -234,6 +235,26 @@ def test_tiled_matmul_with_fused_epilogue(form: str, force: Any, gl_runtime: Any
         for _ in range(2):
             np.testing.assert_allclose(gl.train_step(x=x, y=y), ref.train_step(x=x, y=y), rtol=RTOL)
         np.testing.assert_allclose(gl.predict(x=x), ref.predict(x=x), rtol=RTOL, atol=ATOL)
+
+
+def test_a_product_fused_into_its_epilogue_is_costed_as_it_runs(gl_runtime: Any):
+    """A product fused into its bias add loops over K for each element of a texel with a fetch of
+    A and of B per multiply-add (tiling.FUSED_FETCHES), not the one-texel kernel's five fetches
+    per texel and K step: char-GPT's lm_head (512 x 64 @ 64 x 58, + bias) stayed fused that way
+    (29 ms of a 340 ms step in SwiftShader) where a blocked product pays. At the former blocked
+    draw cost (2^20) the split and tiled product is chosen; the GL run matches the reference."""
+    kw = {"loss": SumLoss(), "target": "webgl2", "blocked_draw_cost": 1 << 20}
+    glcomp.manual_seed(0)
+    prog = glcomp.compile(nn.Linear(64, 58), {"x": (512, 64)}, **kw)
+    draws = build_bundle(prog).manifest["entries"]["predict"]["draws"]
+    assert [d["kernel"].split("_", 1)[1] for d in draws] == ["add_mm", "add"]  # block, then epilogue
+    assert len(draws[0]["targets"]) == 4
+    check(prog, gl_runtime, (512, 58), seed=5)
+    # what the model weighs: the fused kernel's fetches outweigh the blocks', the one-texel's do not
+    g, kernel, layouts = _matmul_kernel(512, 64, 58)
+    target = make_target("webgl2", blocked_draw_cost=1 << 20)
+    assert tiling.choose_tiling(g, kernel, layouts, target, extra_draws=1) is None
+    assert tiling.choose_tiling(g, kernel, layouts, target, 1, tiling.FUSED_FETCHES) is not None
 
 
 # -- split K ----------------------------------------------------------------------------------------
@@ -302,9 +323,10 @@ def test_split_k_reads_a_flatten_in_place(w: int, split: bool, gl_runtime: Any):
     "m, k, n, want",
     [
         (16, 4096, 10, (1, 1, 32)),  # conv_seed's Linear: 40 texels, 1024 steps -> 32 chunks of 32
-        (16, 1000, 10, None),  # 250 steps: one loop, and too small to tile
+        (4, 1000, 4, None),  # 250 steps: one loop, and too small to tile
+        (16, 1000, 10, (8, 1, 1)),  # 250 steps: one loop, register-blocked
         (64, 4096, 64, (8, 1, 1)),  # 1024 output texels: enough fragments, register-blocked
-        (16, 4098, 10, None),  # K not a multiple of 4: never split
+        (16, 4098, 10, (8, 1, 1)),  # K not a multiple of 4: never split (blocked)
     ],
 )
 def test_split_k_choice(m, k, n, want):

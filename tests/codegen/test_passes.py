@@ -145,7 +145,8 @@ def test_epilogue_runs_loops_inside_their_reader() -> None:
         )
         return build_bundle(prog).manifest
 
-    fused, plain = bundle({}), bundle({"epilogue": False})
+    # tiling off: a product blocked on its own is split off its epilogue again (test_matmul_tiled.py)
+    fused, plain = bundle({"tiling": False}), bundle({"epilogue": False, "tiling": False})
     assert len(fused["entries"]["train_step"]["draws"]) < len(plain["entries"]["train_step"]["draws"])
     assert fused["memory"]["texture_bytes"] < plain["memory"]["texture_bytes"]
 

@@ -177,7 +177,7 @@ def test_gl_weight_gradient_matches_torch(gl_runtime: Any) -> None:
     stride, pad = case[5], case[6]
     model, shape = _model(case)
     x, y = _batch(shape)
-    prog = _compile(case, "webgl2")
+    prog = _compile(case, "webgl2", tiling=False)  # the split texel kernel (blocked: test_conv_tiled.py)
     assert len(_weight_grad_draws(prog, "gradients")) == 1
     with gl_runtime(prog) as gl:
         got = gl.gradients(x=x, y=y)

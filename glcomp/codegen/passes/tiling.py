@@ -116,6 +116,21 @@ def fetches_per_texel(r: int, c: int) -> float:
     return (r + 4 * c) / (r * c)
 
 
+# Texel fetches per output texel and K step of 4 of a product computed untiled inside another
+# kernel's expression (a Linear's product fused into its bias add or residual): each of the
+# texel's four elements loops over K on its own, fetching one texel of A and one of B for each
+# multiply-add (4 elements x 4 steps x 2), where the one-texel kernel of a root product fetches
+# A's texel once and B's four row texels (`fetches_per_texel(1, 1)`).
+FUSED_FETCHES = 32.0
+
+
+def root_fetches(a_fused: bool, b_fused: bool) -> float:
+    """Texel fetches per output texel and K step of 4 of a root product's one-texel kernel
+    whose A or B is a fused expression (a concatenation of heads): its vec4 is computed an
+    element at a time, a fetch each at least (4 for A's texel, 16 for B's four)."""
+    return (4.0 if a_fused else 1.0) + (16.0 if b_fused else 4.0)
+
+
 def _stored(n: int, kernel: Kernel, layouts: dict[int, Layout]) -> bool:
     return n in kernel.leaves and layouts[n].pages == 1
 
@@ -162,13 +177,20 @@ def split_chunks(m: int, k: int, cols: int) -> int:
 
 
 def choose_tiling(
-    graph: Graph, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int = 0
+    graph: Graph,
+    kernel: Kernel,
+    layouts: dict[int, Layout],
+    target: Target,
+    extra_draws: int = 0,
+    untiled: float | None = None,
 ) -> Tiling | ConvTiling | WeightGradTiling | None:
     """The tiling of `kernel` (a family's own where its lowering has one, as conv2d's), or None
     when it keeps the one-texel kernel: not a lone matmul of stored single-page operands, a
     target without GLSL ES 3.00 or 2 draw buffers, tiles larger than the target's textures, or
     too little work for the saved fetches to pay for the gather draw (and `extra_draws` more
-    draws, e.g. an epilogue split off the product)."""
+    draws, e.g. an epilogue split off the product). `untiled`: the texel fetches per output
+    texel and K step of 4 of the kernel the product runs in otherwise (`FUSED_FETCHES` when it
+    is fused into an epilogue; by default the one-texel kernel's of a root product)."""
     if target.webgl1 or target.max_draw_buffers < 2 or len(kernel.roots) != 1:
         return None
     (n,) = kernel.roots
@@ -178,7 +200,7 @@ def choose_tiling(
     if get_op(graph.op(n)).kind != "matmul" or layouts[n].pages != 1:
         return None
     if len(graph.shape(n)) == 3:
-        return _batched_tiling(graph, n, kernel, layouts, target, extra_draws)
+        return _batched_tiling(graph, n, kernel, layouts, target, extra_draws, untiled)
     if len(graph.shape(n)) != 2:
         return None
     a, b = graph.operands(n)
@@ -211,22 +233,28 @@ def choose_tiling(
     if not (_stored(a, kernel, layouts) and _stored(b, kernel, layouts)):
         return None
     if parallel:
-        return _parallel_tiling(n, a, b, form, a_form, m, k, cols, target, extra_draws)
+        return _parallel_tiling(n, a, b, form, a_form, m, k, cols, target, extra_draws, untiled=untiled)
     if chunks > 1:
         return Tiling(n, a, b, form, 1, 1, m, k, cols, chunks)
     shapes = tuple(rc for rc in SHAPES if a_form != "t" or rc[0] % 4 == 0)
-    best = _best_block(m, k, cols, shapes, target, extra_draws)
+    best = _best_block(m, k, cols, shapes, target, extra_draws, untiled)
     return None if best is None else Tiling(n, a, b, form, *best, m, k, cols, a_form=a_form)
 
 
 def _best_block(
-    m: int, k: int, cols: int, shapes: tuple[tuple[int, int], ...], target: Target, extra_draws: int
+    m: int,
+    k: int,
+    cols: int,
+    shapes: tuple[tuple[int, int], ...],
+    target: Target,
+    extra_draws: int,
+    untiled: float | None = None,
 ) -> tuple[int, int] | None:
     """The block shape (R, C) among `shapes` with the least fetches for an (m, k) @ (k, cols)
     product on a target without a width, gather and draws counted; None when none fits the
-    target or the one-texel kernel costs no more."""
+    target or the untiled kernel (`untiled` fetches per texel and K step) costs no more."""
     rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
-    today = cost.fetches(m * rt * k4 * fetches_per_texel(1, 1))
+    today = cost.fetches(m * rt * k4 * (fetches_per_texel(1, 1) if untiled is None else untiled))
     best: tuple[float, int, int] | None = None
     for r, c in shapes:
         fw, fh = -(-rt // c), -(-m // r)
@@ -240,7 +268,13 @@ def _best_block(
 
 
 def _batched_tiling(
-    graph: Graph, n: int, kernel: Kernel, layouts: dict[int, Layout], target: Target, extra_draws: int
+    graph: Graph,
+    n: int,
+    kernel: Kernel,
+    layouts: dict[int, Layout],
+    target: Target,
+    extra_draws: int,
+    untiled: float | None = None,
 ) -> Tiling | None:
     """The tiling of a batched product (bmm, (Bt, Mb, K) @ (Bt, K, N)): the batch's rows stacked
     as one (Bt * Mb, K) A, each block of R rows inside one batch element (R divides Mb), B read at
@@ -273,8 +307,8 @@ def _batched_tiling(
     shapes = tuple(rc for rc in SHAPES if mb % rc[0] == 0 and (a_form == "a" or rc[0] % 4 == 0))
     m = bt * mb
     if target.parallel_fragments is not None:
-        return _parallel_tiling(n, a, b, form, a_form, m, k, cols, target, extra_draws, shapes, mb)
-    best = _best_block(m, k, cols, shapes, target, extra_draws)
+        return _parallel_tiling(n, a, b, form, a_form, m, k, cols, target, extra_draws, shapes, mb, untiled)
+    best = _best_block(m, k, cols, shapes, target, extra_draws, untiled)
     if best is None:
         return None
     return Tiling(n, a, b, form, *best, m, k, cols, a_form=a_form, batch_rows=mb)
@@ -293,17 +327,20 @@ def _parallel_tiling(
     extra_draws: int,
     shapes: tuple[tuple[int, int], ...] | None = None,
     batch_rows: int = 0,
+    untiled: float | None = None,
 ) -> Tiling | None:
     """The tiling of an (m, k) @ (k, cols) product on a target that names the fragments a draw
     needs (`Target.parallel_fragments`): every block shape that fits its draw buffers, each with K
     unsplit or split into S chunks (a power of two dividing K / 4; the gather adds the S partial
     products), costed as fetches times `cost.occupancy` of the draw's fragments, plus the blocked
-    draws; None when the one-texel kernel costs least. `shapes`: the block shapes tried (SHAPES by
+    draws; None when the untiled kernel costs least (`untiled` fetches per output texel and K
+    step, the one-texel kernel's by default). `shapes`: the block shapes tried (SHAPES by
     default); `batch_rows`: a batched product's rows per batch element (K is then not split)."""
     rt, k4 = math.ceil(cols / 4), math.ceil(k / 4)
     out = m * rt
     best: tuple[float, int, int, int] | None = None
-    today = cost.fetches(out * k4 * fetches_per_texel(1, 1)) * cost.occupancy(out, target)
+    per = fetches_per_texel(1, 1) if untiled is None else untiled
+    today = cost.fetches(out * k4 * per) * cost.occupancy(out, target)
     shapes = SHAPES if shapes is None else shapes
     for r, c in shapes if batch_rows else (*SPLIT_SHAPES, *shapes):
         fw, fh = -(-rt // c), -(-m // r)
@@ -382,18 +419,25 @@ def tiled_product(
     """`k`'s product `mm` as a kernel of its own that can be tiled: first with its operands fused
     as they are, else with the fused operand expressions blocking the tiling (`_operand_bases`)
     computed by kernels of their own before it (one draw each, counted in the cost); None when
-    neither pays."""
+    neither pays. The cost it is weighed against is that of `mm` computed in `k` as it is: fused
+    into an epilogue (`FUSED_FETCHES`), or `k`'s root reading fused operands (`root_fetches`)."""
     body, leaves = _closure(graph, mm, k, None)
     template = template_of(graph.op(mm))
-    product = Kernel(f"{k.name}_mm", [mm], body, leaves, template, list(k.origins))
-    if choose_tiling(graph, product, layouts, target, extra_draws=extra_draws) is not None:
-        return [product]
     bases = [n for n in _operand_bases(graph, mm, k) if layouts[n].pages == 1]
+    if mm not in k.roots:
+        untiled = FUSED_FETCHES
+    else:
+        a, b = graph.operands(mm)
+        reach = {o: set(_closure(graph, o, k, None)[0]) | {o} for o in (a, b)}
+        untiled = root_fetches(*(any(n in reach[o] for n in bases) for o in (a, b)))
+    product = Kernel(f"{k.name}_mm", [mm], body, leaves, template, list(k.origins))
+    if choose_tiling(graph, product, layouts, target, extra_draws, untiled) is not None:
+        return [product]
     if not bases:
         return None
     body, leaves = _closure(graph, mm, k, None, frozenset(bases))
     product = Kernel(f"{k.name}_mm", [mm], body, leaves, template, list(k.origins))
-    if choose_tiling(graph, product, layouts, target, extra_draws=extra_draws + len(bases)) is None:
+    if choose_tiling(graph, product, layouts, target, extra_draws + len(bases), untiled) is None:
         return None
     inputs = []
     for i, base in enumerate(bases):
