@@ -10,6 +10,13 @@ loop each), then over the rest (few outputs, a short loop), spreads the work ove
 A single reduced axis that is not the last one is split in two through a reshape (which keeps the
 last axis, so the first stage still reads texels along it). ``max`` splits the same way, and so
 does ``logsumexp`` (the logsumexp of the first stage's logsumexps).
+
+A device that needs many fragments in flight (a GPU: glcomp.codegen.target.Target's
+``parallel_fragments``) passes a larger `few`: a first stage that still has few outputs and a long
+loop (BatchNorm's per-channel sums over (N, H, W) are N x C outputs of H x W each) is split again,
+so each stage loops over about the square root of what it would:
+
+    sum(x[N,C,H,W], axes=(2,3))  ->  sum(sum(x, axes=(3,)), axes=(2,))
 """
 
 from __future__ import annotations
@@ -44,13 +51,16 @@ def split_factor(length: int) -> int:
     return p
 
 
-def _plan(graph: Graph, n: int) -> tuple[tuple[int, ...], tuple[int, ...]] | tuple[int, int] | None:
+def _plan(
+    graph: Graph, n: int, few: int = FEW
+) -> tuple[tuple[int, ...], tuple[int, ...]] | tuple[int, int] | None:
     """How `_split` splits reduction `n` (without changing the graph): the (first, second)
-    stage axes, or (axis, factor) for a single axis split through a reshape; None to keep it."""
+    stage axes, or (axis, factor) for a single axis split through a reshape; None to keep it
+    (shorter than LONG, or more than `few` outputs)."""
     (x,) = graph.operands(n)
     shape, axes = graph.shape(x), tuple(graph.attrs(n)["axes"])
     extent = math.prod(shape[a] for a in axes)
-    if extent < LONG or math.prod(graph.shape(n)) > FEW:
+    if extent < LONG or math.prod(graph.shape(n)) > few:
         return None
     stages = _stages(shape, axes)
     if stages is not None:
@@ -64,8 +74,8 @@ def _plan(graph: Graph, n: int) -> tuple[tuple[int, ...], tuple[int, ...]] | tup
     return a, p
 
 
-def _split(graph: Graph, n: int) -> int | None:
-    plan = _plan(graph, n)
+def _split(graph: Graph, n: int, few: int = FEW) -> int | None:
+    plan = _plan(graph, n, few)
     if plan is None:
         return None
     op, (x,) = graph.op(n), graph.operands(n)
@@ -80,22 +90,30 @@ def _split(graph: Graph, n: int) -> int | None:
         return graph.add("reshape", [y], shape=graph.shape(n))
 
 
-def split_reductions(graph: Graph) -> Graph:
-    """After this pass no ``sum``, ``max`` or ``logsumexp`` reduces `LONG` or more elements into at most `FEW`
-    values when its reduced axes can be split (several axes, or one axis that is not the last).
+def split_reductions(graph: Graph, few: int = FEW) -> Graph:
+    """After this pass no ``sum``, ``max`` or ``logsumexp`` reduces `LONG` or more elements into
+    at most `few` values (`FEW` by default) when its reduced axes can be split (several axes, or
+    one axis that is not the last). With a `few` above FEW (a device that needs many fragments)
+    the stages a split creates are split again while they are; with FEW they are not (on a CPU
+    rasterizer the draw a further stage adds costs more than its fragments save).
 
     Requires a valid graph; the result computes the same outputs up to the order of additions
     (``max`` exactly; ``logsumexp`` up to rounding) and is pruned of the nodes it replaced. A
     graph with nothing to split or prune is returned as it is (not copied).
     """
-    todo = [n for n in graph.g if graph.op(n) in SPLIT and _plan(graph, n) is not None]
+    todo = [n for n in graph.g if graph.op(n) in SPLIT and _plan(graph, n, few) is not None]
     if not todo and len(graph.live()) == len(graph.g):
         return graph
     g = graph.copy()
     for n in g.topo():
-        if g.op(n) in SPLIT:
-            new = _split(g, n)
+        work = [n] if g.op(n) in SPLIT else []
+        while work:  # each split's stages reduce fewer elements: this ends
+            m = work.pop()
+            before = set(g.g)
+            new = _split(g, m, few)
             if new is not None:
-                g.replace_uses(n, new)
+                g.replace_uses(m, new)
+                if few > FEW:
+                    work += [v for v in set(g.g) - before if g.op(v) in SPLIT]
     g.prune_in_place()
     return g
