@@ -241,6 +241,40 @@ def test_reduce_vec4_matches_reference(op, shape, axes, dialect: str, gl_runtime
         )
 
 
+class FusedReduce(Reduce):
+    """The reduction of an elementwise expression fused into its kernel (BatchNorm's sums of its
+    backward's products): no stored input to walk, the expression's vec4 function read instead."""
+
+    def forward(self, x: Any) -> Any:
+        return prim(self.op, x * 2.0 - 0.5, axes=self.axes)
+
+
+@pytest.mark.parametrize(
+    "op, shape, axes",
+    [
+        ("sum", (2, 3, 4, 5), (3,)),  # one row of 5: the last texel's padding masked
+        ("max", (3, 6), (1,)),  # negative elements: a padding zero let in would win
+        ("sum", (2, 3, 4, 8), (2, 3)),  # whole texels, another reduced axis before the last
+        ("max", (4, 3, 7), (0, 2)),  # a kept axis between the reduced ones
+        ("sum", (5, 2, 3), (0, 1, 2)),
+    ],
+)
+@pytest.mark.parametrize("storage", ["f32", "f16"])
+def test_reduce_vec4_of_a_fused_input_over_the_last_axis(
+    op, shape, axes, storage, dialect: str, gl_runtime: Any
+):
+    """Mode "F": a texel of the fused expression a step (4 * col), the other reduced axes decomposed
+    from the same index, loops limited to 3 iterations so they are split too."""
+    prog = glcomp.compile(
+        FusedReduce(op, axes), {"x": shape}, target=dialect, max_loop_iterations=3, storage=storage
+    )
+    assert any("4 * col)" in src for src in build_bundle(prog).shaders.values())
+    x = -np.random.default_rng(len(shape) + len(axes)).uniform(0.5, 2.0, size=shape).astype(np.float32)
+    tol = {"rtol": 2e-3, "atol": 2e-3} if storage == "f16" else {"rtol": RTOL, "atol": ATOL}
+    with gl_runtime(prog) as gl:
+        np.testing.assert_allclose(gl.predict(x=x), prog.runtime("reference").predict(x=x), **tol)
+
+
 @pytest.mark.parametrize("k, pad", [(3, 1), (5, 0), (7, 3)])  # KW = 7: two output texels per kernel row
 def test_conv2d_weight_grad_vec4_matches_reference(k, pad, dialect: str, gl_runtime: Any):
     """The weight gradient (fused into the SGD update) walks g's rows a texel at a time."""

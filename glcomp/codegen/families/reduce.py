@@ -39,7 +39,9 @@ class ReduceRoot:
 class ReduceTexel:
     """reduce.frag.j2's root4. Mode "K" (the last axis kept, reduced axes one contiguous block):
     `Q` steps of `step` texels from `row_base` through `x_tex`, or a fused input's texels through
-    `x4`. Mode "L" (the last axis reduced with a trailing block): `Qo` outer steps of `Lc` texels."""
+    `x4`. Mode "L" (the last axis reduced with a trailing block): `Qo` outer steps of `Lc` texels.
+    Mode "F" (a fused input, the last axis reduced): `Q` steps over its `rt` texels a row and the
+    other reduced axes, each texel through `x4`."""
 
     params4: str
     args4: str
@@ -56,6 +58,7 @@ class ReduceTexel:
     Qo: int = 0
     Lc: int = 0
     rem: int = 0
+    rt: int = 0
 
 
 def reduce_extent(shapes: Shapes, attrs: dict[str, Any]) -> int:
@@ -85,8 +88,10 @@ def reduce_root(r: RenderContext, n: int) -> ReduceRoot:
 def reduce_root4(r: RenderContext, n: int) -> ReduceTexel | None:
     """root4 of a reduction over a stored single-page input: mode "K" when the last axis is kept
     and the reduced axes are one contiguous block, mode "L" when the last axis is reduced together
-    with every axis after the first of a trailing block. A fused input with the last axis kept:
-    mode "K", its texels read through its vec4 function."""
+    with every axis after the first of a trailing block. A fused input: its texels read through
+    its vec4 function, mode "K" with the last axis kept, mode "F" with it reduced (a texel of
+    four elements a step, the padding of a row's last texel masked, where the scalar loop read an
+    element and its operands' texels a step: BatchNorm's sums of a fused backward expression)."""
     g = r.graph
     (src,) = g.operands(n)
     tex = r.texture(src)
@@ -95,9 +100,20 @@ def reduce_root4(r: RenderContext, n: int) -> ReduceTexel | None:
     head = r.root4_head(n)
     if g.op(n) in TWO_PASS and (tex is None or rank - 1 not in axes):
         return None  # texel-wise only along rows of a stored input (mode "L"); else the scalar loops
+    if tex is None and rank - 1 in axes:
+        rt = math.ceil(shape[-1] / 4)
+        others = [a for a in axes if a != rank - 1]
+        decompose, read, stride = [f"int col = {'0' if rt == 1 else f'imod(q, {rt})'};"], index_args(rank), rt
+        for a in reversed(others):
+            expr = f"q / {stride}"
+            decompose.append(f"int r{a} = {expr if a == others[0] else f'imod({expr}, {shape[a]})'};")
+            read[a] = f"r{a}"
+            stride *= shape[a]
+        x4 = r.call4(src, read[:-1], "4 * col")
+        return ReduceTexel(
+            **head, mode="F", x_tex=None, Q=stride, decompose=decompose, x4=x4, rem=shape[-1] % 4, rt=rt
+        )
     if tex is None:
-        if rank - 1 in axes:
-            return None
         scalar = reduce_root(r, n)
         x4 = r.call4(src, scalar.lead, "j0")
         return ReduceTexel(**head, mode="K", x_tex=None, Q=scalar.total, decompose=scalar.decompose, x4=x4)
