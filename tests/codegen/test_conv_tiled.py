@@ -123,6 +123,7 @@ WEIGHT_GRAD_CASES = [
     (2, 3, 2, 2, 1, 14, 2, 2),  # even kernel, padding past a texel
     (3, 4, 3, 1, 1, 33, 2, 2),  # 3 partial sums (2 * 33 * 33 terms)
     (4, 2, 3, 3, 1, 25, 2, 4),  # stride 3 over rows of 2 texels
+    (4, 8, 1, 2, 0, 12, 2, 2),  # a 1x1 shortcut at stride 2: its one tap's window spans two texels
 ]
 
 
@@ -160,6 +161,10 @@ def test_weight_grad_fetches_follow_the_window() -> None:
     assert conv_family.weight_grad_fetches(8, 1, 3, 1, 8) == 8 * 8 + (2 + 8)
     assert conv_family.weight_grad_fetches(4, 2, 3, 1, 8) == 4 * 8 + 2 * (2 + 8)
     assert conv_family.weight_grad_fetches(2, 1, 2, 3, 4) == 2 * 4 + 2 * 4  # stride 3 >= D = 2
+    # a kernel narrower than a texel reads only its taps' texels: a 1x1 one texel of x, a 3x3 (pad 1) 3
+    assert conv_family.weight_grad_texels(1, 0, 1) == (0, 0)
+    assert conv_family.weight_grad_texels(1, 1, 3) == (-1, 1)
+    assert conv_family.weight_grad_texels(2, 0, 1) == (0, 1)  # stride 2: the texel after too
 
 
 def test_webgl1_and_grouped_convolutions_keep_the_texel_kernel(force: Any, gl_runtime: Any) -> None:

@@ -327,7 +327,7 @@ class WeightGradTiling:
         """The block draw's and the gather draw's shaders."""
         n, c, h, _, o, oh, _, kh, kw = self.shape
         (sh, sw), (ph, pw) = self.stride, self.padding
-        dmin, dmax = weight_grad_texels(sw, pw)
+        dmin, dmax = weight_grad_texels(sw, pw, kw)
         params = {"R": self.R, "CC": self.C, "CG": self.channel_groups, "P": self.parts}
         params |= {"L": part_rows(n * oh, self.parts), "N": n, "C": c}
         params |= {"H": h, "O": o, "OG": self.groups, "OH": oh, "KH": kh, "KW": kw}
@@ -351,10 +351,11 @@ class WeightGradTiling:
         )
 
 
-def weight_grad_texels(sw: int, pw: int) -> tuple[int, int]:
+def weight_grad_texels(sw: int, pw: int, kw: int = 4) -> tuple[int, int]:
     """The first and last texel of x's row, relative to jt + tw * SW, that weight texel jt's taps
-    read for the 4 columns of g's texel tw (stride `sw`, padding `pw`)."""
-    return -pw // 4, (3 * sw + 3 - pw) // 4
+    read for the 4 columns of g's texel tw (stride `sw`, padding `pw`); a kernel `kw` < 4 wide
+    has only its kw taps in the texel (a 1x1 convolution's one)."""
+    return -pw // 4, (3 * sw + min(kw, 4) - 1 - pw) // 4
 
 
 def weight_grad_fetches(r: int, c: int, d: int, sw: int, row_texels: int) -> int:
@@ -385,7 +386,7 @@ def choose_weight_grad_tiling(
     kh, kw = attrs["kernel_hw"]
     (sh, sw), (ph, pw) = attrs["stride"], attrs["padding"]
     parts = attrs.get("parts", 1)
-    dmin, dmax = weight_grad_texels(sw, pw)
+    dmin, dmax = weight_grad_texels(sw, pw, kw)
     d = dmax - dmin + 1
     grt, rt = math.ceil(ow / 4), math.ceil(kw / 4)
     rows = part_rows(batch * oh, parts)  # rows of g per fragment
