@@ -44,6 +44,7 @@ PASSES = {
     "fold_views": "fold transposes of transposes and reshapes of reshapes (IR rewrite, exact)",
     "join_sums": "join a sum of products into one product over concatenated operands (IR rewrite)",
     "split_reductions": "reduce long sums and maxima with few outputs in two parallel stages (IR rewrite)",
+    "pointwise": "run 1x1 convolutions and their gradients as matrix products on GPU targets (IR rewrite)",
     "split_weight_grads": "split long convolution weight gradients into partial sums side by side "
     "in one draw (IR rewrite)",
     "tiling": "run large matmuls and convolutions as register-blocked multi-target draws plus a gather draw",

@@ -34,6 +34,7 @@ from glcomp.codegen.passes.join_sums import join_sums
 from glcomp.codegen.passes.layout import layout
 from glcomp.codegen.passes.memplan import memplan
 from glcomp.codegen.passes.mrt import mrt
+from glcomp.codegen.passes.pointwise import pointwise
 from glcomp.codegen.passes.pushdown import pushdown
 from glcomp.codegen.passes.split_reductions import split_reductions
 from glcomp.codegen.passes.split_weight_grads import split_weight_grads
@@ -63,6 +64,7 @@ PIPELINE: tuple[Pass, ...] = tuple(
         fold_views,
         join_sums,
         split_reductions,
+        pointwise,
         split_weight_grads,
         split_wide,
         isolate_states,

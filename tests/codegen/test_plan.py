@@ -58,6 +58,7 @@ def test_pass_names_are_one_list() -> None:
         "fold_views",
         "join_sums",
         "split_reductions",
+        "pointwise",
         "split_weight_grads",
         "split_wide",
         "isolate_states",
@@ -89,6 +90,7 @@ def test_pass_names_are_one_list() -> None:
         "fold_views",
         "join_sums",
         "split_reductions",
+        "pointwise",
         "split_weight_grads",
     ):  # the IR rewrites
         assert callable(getattr(importlib.import_module(f"glcomp.ir.passes.{name}"), name))

@@ -397,8 +397,8 @@ def _closure(
 def _operand_bases(graph: Graph, mm: int, kernel: Kernel) -> list[int]:
     """The fused nodes of `kernel` that the product `mm` reads as its operands once the views a
     tiled product reads as stored textures (a transpose, a reshape keeping the rows) are looked
-    through (a transpose, a batch transpose, a reshape): a concatenation of attention heads, a sum,
-    a masked or scaled operand. Stored in a
+    through (a transpose, a batch transpose, a reshape keeping the texels): a concatenation of
+    attention heads, a sum, a masked or scaled operand, a reshape that reorders texels. Stored in a
     texture of their own, they make the product tileable."""
     out: list[int] = []
     for operand in graph.operands(mm):
@@ -407,6 +407,8 @@ def _operand_bases(graph: Graph, mm: int, kernel: Kernel) -> list[int]:
             view = get_op(graph.op(n)).view
             if view is None or view(graph.attrs(n)) not in ("transpose", "batch_transpose", "flat"):
                 break
+            if view(graph.attrs(n)) == "flat" and _row_view(graph, n) is None:
+                break  # a reshape that reorders texels (a 1x1 weight as a matrix): computed on its own
             (n,) = graph.operands(n)
         if n in kernel.body and is_fused(graph, n) and n not in out:
             out.append(n)
