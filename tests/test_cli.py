@@ -320,7 +320,8 @@ def test_explain_dump_after_prints_the_plans_after_a_pass(
     assert main(["explain", *args, "--dump-after", "fuse"]) == 2
     assert _error(capsys) == (
         "error: --dump-after: unknown pass 'fuse'; passes in order: ['pushdown', 'fold_views', "
-        "'join_sums', 'split_reductions', 'split_weight_grads', 'split_wide', 'isolate_states', 'layout', "
+        "'join_sums', 'split_reductions', 'pointwise', 'split_weight_grads', 'split_wide', 'isolate_states', "
+        "'layout', "
         "'fusion', 'epilogue', 'texture_units', 'mrt', 'blend', 'tiling', 'memplan']"
     )
     with pytest.raises(glcomp.GlcompError, match=r"dump_after: unknown pass 'fuse'; passes in order"):

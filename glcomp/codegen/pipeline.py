@@ -7,7 +7,8 @@ given; one switched off returns it as it is (``fusion`` off still plans kernels,
 ``memplan`` off still assigns textures, none shared). Each pass module states its guarantees.
 
     pushdown, fold_views, join_sums,         IR rewrites (switchable; the rewrites themselves are
-    split_reductions, split_weight_grads     glcomp.ir.passes', the IR never imports codegen)
+    split_reductions, pointwise,             glcomp.ir.passes', the IR never imports codegen)
+    split_weight_grads
     split_wide, isolate_states               IR rewrites the target and the bundle need
     layout                                   the topological order and every node's texture layout
     fusion, epilogue, texture_units          which values are stored, and the kernels computing them
