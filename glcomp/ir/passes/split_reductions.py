@@ -90,6 +90,18 @@ def _split(graph: Graph, n: int, few: int = FEW) -> int | None:
         return graph.add("reshape", [y], shape=graph.shape(n))
 
 
+def _stages_between(graph: Graph, new: int, x: int) -> list[int]:
+    """The reductions a split created: those on the way from its result `new` down to `x`, the
+    operand of the reduction it replaced (only created nodes lie between them)."""
+    out, todo = [], [new]
+    while todo:
+        v = todo.pop()
+        if v != x:
+            out += [v] if graph.op(v) in SPLIT else []
+            todo += graph.operands(v)
+    return out
+
+
 def split_reductions(graph: Graph, few: int = FEW) -> Graph:
     """After this pass no ``sum``, ``max`` or ``logsumexp`` reduces `LONG` or more elements into
     at most `few` values (`FEW` by default) when its reduced axes can be split (several axes, or
@@ -109,11 +121,11 @@ def split_reductions(graph: Graph, few: int = FEW) -> Graph:
         work = [n] if g.op(n) in SPLIT else []
         while work:  # each split's stages reduce fewer elements: this ends
             m = work.pop()
-            before = set(g.g)
+            (x,) = g.operands(m)
             new = _split(g, m, few)
             if new is not None:
                 g.replace_uses(m, new)
                 if few > FEW:
-                    work += [v for v in set(g.g) - before if g.op(v) in SPLIT]
+                    work += _stages_between(g, new, x)
     g.prune_in_place()
     return g
