@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import platform
 import statistics
@@ -189,31 +190,57 @@ def _realistic() -> Any:
 
 # examples/char_gpt.py at a browser size: a glcomp.js step in SwiftShader takes about a second.
 GPT_CONFIG = {"batch_size": 16, "block_size": 32, "n_embd": 64, "n_head": 4, "n_layer": 2, "dropout": 0.0}
+# The same at realistic.py's gpt_small and gpt_medium sizes (issue 25's char-GPTs), for a browser on
+# a GPU: in SwiftShader a gpt_medium step takes minutes.
+GPT_CONFIGS = {
+    "gpt": GPT_CONFIG,
+    "gpt_small": {**GPT_CONFIG, "batch_size": 32, "block_size": 64, "n_embd": 128},
+    "gpt_medium": {**GPT_CONFIG, "batch_size": 32, "block_size": 128, "n_embd": 256, "n_layer": 4},
+}
 
 
-def _char_gpt(library: str, **config: Any) -> Any:
-    """examples/char_gpt.py run with `library`'s imports ("glcomp" or "torch") at GPT_CONFIG."""
-    return _realistic().char_gpt(library, **GPT_CONFIG, **config)
+def _char_gpt(library: str, name: str = "gpt", **config: Any) -> Any:
+    """examples/char_gpt.py run with `library`'s imports ("glcomp" or "torch") at GPT_CONFIGS[name]."""
+    return _realistic().char_gpt(library, **GPT_CONFIGS[name], **config)
 
 
-def _gpt_model() -> nn.Module:
-    return _char_gpt("glcomp").GPTLanguageModel()
+def _gpt_model(name: str = "gpt") -> nn.Module:
+    return _char_gpt("glcomp", name).GPTLanguageModel()
 
 
-def _gpt_optimizer() -> optim.Optimizer:
-    return optim.AdamW(lr=_char_gpt("glcomp").learning_rate)  # the example's: lr 3e-3, weight decay 0.01
+def _gpt_optimizer(name: str = "gpt") -> optim.Optimizer:
+    return optim.AdamW(lr=_char_gpt("glcomp", name).learning_rate)  # the example's: lr 3e-3, decay 0.01
 
 
-def _gpt_program(**options: Any) -> glcomp.Program:
+def _gpt_program(name: str = "gpt", **options: Any) -> glcomp.Program:
     """The example's model and optimizer as `build()` compiles them: int32 idx (batch, block),
     per-token int32 targets over the vocabulary, the cross-entropy computed in forward, AdamW."""
-    g = _char_gpt("glcomp")
+    g = _char_gpt("glcomp", name)
     model = g.GPTLanguageModel()
     shape = (g.batch_size, g.block_size)
     spec = {"shape": shape, "dtype": "int32", "num_classes": g.vocab_size}
     opt = g.torch.optim.AdamW(model.parameters(), lr=g.learning_rate)
     return glcomp.compile(
         model, {"idx": shape}, "forward", opt, target_name="targets", target_spec=spec, **options
+    )
+
+
+def _gpt_workload(name: str, description: str) -> Workload:
+    """Workload `name`: examples/char_gpt.py at GPT_CONFIGS[name], token ids in, per-token
+    next-character targets, AdamW."""
+    c = GPT_CONFIGS[name]
+    return Workload(
+        name,
+        f"char-GPT (examples/char_gpt.py) batch {c['batch_size']}, block {c['block_size']}, n_embd "
+        f"{c['n_embd']}, {c['n_head']} heads, {c['n_layer']} layers, dropout 0, GELU MLP; {description}",
+        functools.partial(_gpt_model, name),
+        functools.partial(_gpt_optimizer, name),
+        (c["batch_size"], c["block_size"]),
+        classes=58,  # the vocabulary of examples/data/coriolanus.txt (checked in tests/benchmarks)
+        tokens=True,
+        input_name="idx",
+        target_name="targets",
+        program=functools.partial(_gpt_program, name),
     )
 
 
@@ -300,20 +327,13 @@ WORKLOADS = {
     ),
     # examples/char_gpt.py itself (realistic.py's char_gpt: the example's source, glcomp's or
     # torch's imports) at a browser size, not in the default run of bench_browser.py either: run
-    # it with --workloads gpt. Token ids in, per-token next-character targets, AdamW.
-    "gpt": Workload(
-        "gpt",
-        "char-GPT (examples/char_gpt.py) batch 16, block 32, n_embd 64, 4 heads, 2 layers, dropout 0, "
-        "GELU MLP; per-token cross-entropy over the 58 characters; AdamW lr 3e-3, weight decay 0.01",
-        _gpt_model,
-        _gpt_optimizer,
-        (GPT_CONFIG["batch_size"], GPT_CONFIG["block_size"]),
-        classes=58,  # the vocabulary of examples/data/coriolanus.txt (checked in tests/benchmarks)
-        tokens=True,
-        input_name="idx",
-        target_name="targets",
-        program=_gpt_program,
+    # it with --workloads gpt.
+    "gpt": _gpt_workload(
+        "gpt", "per-token cross-entropy over the 58 characters; AdamW lr 3e-3, weight decay 0.01"
     ),
+    # realistic.py's char-GPTs, for a browser on a GPU (--workloads gpt_small,gpt_medium --gpu).
+    "gpt_small": _gpt_workload("gpt_small", "realistic.py's gpt_small; AdamW"),
+    "gpt_medium": _gpt_workload("gpt_medium", "realistic.py's gpt_medium; AdamW"),
 }
 
 
@@ -389,8 +409,8 @@ def _torch_model(name: str, device: str = "cpu") -> Any:
     import torch
     from torch import nn as tnn
 
-    if name == "gpt":
-        t = _char_gpt("torch", device=device)
+    if name in GPT_CONFIGS:
+        t = _char_gpt("torch", name, device=device)
         return t.GPTLanguageModel(), lambda p: torch.optim.AdamW(p, lr=t.learning_rate)
     if name == "mlp":
         return tnn.Sequential(

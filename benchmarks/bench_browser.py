@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 import glcomp
+from glcomp.codegen.target import TARGETS
 from glcomp.serve import make_server
 
 SWIFTSHADER_ARGS = [
@@ -567,7 +568,12 @@ def peer_table(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="mlp,cnn,conv_seed,lstm", help="comma-separated subset")
-    parser.add_argument("--targets", default="webgl2", help="webgl2, webgl1 or both (comma-separated)")
+    parser.add_argument(
+        "--targets",
+        default="webgl2",
+        help="glcomp targets to compile for, comma-separated: webgl2, webgl1, webgl2-gpu (a GPU's "
+        "cost model, for --gpu), ... (default webgl2)",
+    )
     parser.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument(
@@ -610,8 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {list(known)}")
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    if any(t not in ("webgl2", "webgl1") for t in targets):
-        parser.error("--targets: webgl2 and/or webgl1")
+    if any(t not in TARGETS for t in targets):
+        parser.error(f"--targets: names of glcomp's targets ({', '.join(TARGETS)})")
     if args.steps < 1:
         parser.error("--steps must be positive")
     if args.rounds < 1:

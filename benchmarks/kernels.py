@@ -326,10 +326,21 @@ def split_gradient_draws(entry: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def is_clean(case: ConvCase, entry: dict[str, Any], split: dict[str, list[int]]) -> bool:
-    """Whether each pass's draws hold its gradient kernel: not when glcomp's mrt pass merged the
-    input- and weight-gradient kernels into one draw (both gradients need it: neither pass has it)."""
+    """Whether each pass's draws hold its gradient's kernel and the draw that writes the gradient:
+    not when glcomp's mrt pass merged the input- and weight-gradient kernels into one draw (both
+    gradients need it: neither pass has it). The kernel is the convolution's (case.backward_ops)
+    or, where the pointwise pass made a 1x1 convolution a product, a matmul (a tiled product's
+    block draw is named for the op it is fused into, with "_mm": "k4_reshape_mm")."""
     ops = [_root_op(d["kernel"]) for d in entry["draws"]]
-    return all(op in {ops[i] for i in split[name]} for name, op in case.backward_ops.items())
+    _, last = _writers(entry["draws"])
+    for name, output in (("dx", "grad:x"), ("dw", "grad:conv.weight")):
+        kernels = {ops[i] for i in split[name]}
+        if not any(op in (case.backward_ops[name], "matmul") or op.endswith("_mm") for op in kernels):
+            return False
+        writers = {last[t] for t in entry["outputs"][output]["textures"] if t in last}
+        if not writers or not writers <= set(split[name]):
+            return False
+    return True
 
 
 def time_draws(rt: Any, draws: list[dict[str, Any]], seconds: float) -> float:

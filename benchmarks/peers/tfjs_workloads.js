@@ -134,20 +134,20 @@ function hourglassModel(tf) {
   return tf.model({ inputs: input, outputs: output });
 }
 
-/** examples/char_gpt.py's transformer by hand on tf.variable weights, for bench.py's gpt (batch
- *  16, block 32, n_embd 64, 4 heads of 16, 2 layers, dropout 0, the 58 characters of
- *  examples/data/coriolanus.txt). Every weight has the torch twin's name and shape (a Linear's
- *  weight is [out, in], applied as x @ W^T), in the order of torch's model.parameters():
- *  token and position embeddings; per block, LayerNorm ln1, one key/query/value Linear without
- *  bias per head, q @ k^T * head_size^-0.5, the causal mask (masked_fill with -inf: tf.where),
- *  softmax, @ v, the heads concatenated, the projection Linear with bias, the residual;
- *  LayerNorm ln2, Linear n_embd-4*n_embd, GELU (torch's exact erf form), Linear back, the
- *  residual; the final LayerNorm and the lm head. LayerNorm: tf.moments over the channels
- *  (biased variance), eps 1e-5, weight and bias. Initialised as the example's _init_weights:
- *  N(0, 0.02) Linear and Embedding weights, zero biases, LayerNorm weight 1 and bias 0.
- *  `apply(idx)` takes int32 ids [batch, block] and returns the logits as [batch * block, vocab],
- *  the example's view before its cross-entropy. `trainableWeights` mimics a layers model's
- *  (shape, originalName, read() -> the tf.Variable). */
+/** examples/char_gpt.py's transformer by hand on tf.variable weights, for bench.py's gpt (batch 16,
+ *  block 32, n_embd 64, 4 heads of 16, 2 layers, dropout 0, the 58 characters of
+ *  examples/data/coriolanus.txt) and its gpt_small and gpt_medium (`config`'s sizes). Every weight
+ *  has the torch twin's name and shape (a Linear's weight is [out, in], applied as x @ W^T), in the
+ *  order of torch's model.parameters(): token and position embeddings; per block, LayerNorm ln1,
+ *  one key/query/value Linear without bias per head, q @ k^T * head_size^-0.5, the causal mask
+ *  (masked_fill with -inf: tf.where), softmax, @ v, the heads concatenated, the projection Linear
+ *  with bias, the residual; LayerNorm ln2, Linear n_embd-4*n_embd, GELU (torch's exact erf form),
+ *  Linear back, the residual; the final LayerNorm and the lm head. LayerNorm: tf.moments over the
+ *  channels (biased variance), eps 1e-5, weight and bias. Initialised as the example's
+ *  _init_weights: N(0, 0.02) Linear and Embedding weights, zero biases, LayerNorm weight 1 and bias
+ *  0. `apply(idx)` takes int32 ids [batch, block] and returns the logits as [batch * block, vocab],
+ *  the example's view before its cross-entropy. `trainableWeights` mimics a layers model's (shape,
+ *  originalName, read() -> the tf.Variable). */
 function gptModel(tf, { vocab, block, embd, heads, layers }) {
   const weights = []; // in creation order, which is torch's registration order
   const param = (name, init) => {
@@ -243,6 +243,15 @@ function adamW(tf, lr, weightDecay) {
 }
 
 const GPT = { vocab: 58, block: 32, embd: 64, heads: 4, layers: 2 };
+// realistic.py's gpt_small and gpt_medium (bench.py's GPT_CONFIGS), for a browser on a GPU.
+const GPT_SMALL = { ...GPT, block: 64, embd: 128 };
+const GPT_MEDIUM = { ...GPT, block: 128, embd: 256, layers: 4 };
+
+/** bench.py's char-GPT workload at `config`, batch `batch`, `params` trainable parameters. */
+const gptWorkload = (batch, config, params) => ({
+  torchShape: [batch, config.block], xShape: [batch, config.block], xDtype: "int32", perToken: true,
+  classes: config.vocab, params, model: (tf) => gptModel(tf, config), optimizer: (tf) => adamW(tf, 3e-3, 0.01),
+});
 
 // `params`: the trainable parameter count of the glcomp (and torch) model, which `bench` checks the
 // tfjs model against. The LSTMs have none: tfjs's LSTM has one bias per gate where torch's has two
@@ -328,10 +337,11 @@ const WORKLOADS = {
   // examples/char_gpt.py (bench.py's gpt): int32 token ids [16, 32] in, a next-token label per
   // token (`perToken`), softmax cross-entropy averaged over the 512 tokens, AdamW lr 3e-3 and
   // weight decay 0.01 (the example's optimizer; torch's default decay).
-  gpt: {
-    torchShape: [16, GPT.block], xShape: [16, GPT.block], xDtype: "int32", perToken: true, classes: GPT.vocab,
-    params: 109242, model: (tf) => gptModel(tf, GPT), optimizer: (tf) => adamW(tf, 3e-3, 0.01),
-  },
+  gpt: gptWorkload(16, GPT, 109242),
+  // The same at realistic.py's sizes: batch 32, block 64, n_embd 128, 2 layers; block 128,
+  // n_embd 256, 4 layers.
+  gpt_small: gptWorkload(32, GPT_SMALL, 419130),
+  gpt_medium: gptWorkload(32, GPT_MEDIUM, 3219002),
 };
 
 export const NAMES = Object.keys(WORKLOADS);

@@ -38,6 +38,13 @@ PARAMS = {
     "resnet": 43226,
     "hourglass": 106256,
     "gpt": 109242,
+    "gpt_small": 419130,
+    "gpt_medium": 3219002,
+}
+GPTS = {  # name -> (batch, block), (n_embd, n_head, n_layer): realistic.py's gpt_small and gpt_medium
+    "gpt": ((16, 32), (64, 4, 2)),
+    "gpt_small": ((32, 64), (128, 4, 2)),
+    "gpt_medium": ((32, 128), (256, 4, 4)),
 }
 REALISTIC = ("vgg", "mobilenet", "resnet", "hourglass")
 
@@ -120,25 +127,28 @@ def _torch_weights(name: str) -> list[tuple[str, list[int]]]:
     return [(n, list(p.shape)) for n, p in model.named_parameters()]
 
 
-def test_gpt_is_the_example_with_the_same_weights_in_glcomp_and_torch() -> None:
-    """bench.py's gpt is examples/char_gpt.py at its browser size: glcomp's model and the torch
-    twin (the same source, torch's imports) have the same parameters by name and shape, the
-    batch is int32 ids and per-token targets in the vocabulary, and the twin's loss is the
-    cross-entropy over every token (near ln(vocab) at the example's init)."""
+@pytest.mark.parametrize("name", GPTS)
+def test_gpt_is_the_example_with_the_same_weights_in_glcomp_and_torch(name: str) -> None:
+    """bench.py's gpt is examples/char_gpt.py at its browser size, gpt_small and gpt_medium at
+    realistic.py's: glcomp's model and the torch twin (the same source, torch's imports) have
+    the same parameters by name and shape, the batch is int32 ids and per-token targets in the
+    vocabulary, and the twin's loss is the cross-entropy over every token (near ln(vocab) at the
+    example's init)."""
     bench = _bench()
-    w = bench.WORKLOADS["gpt"]
-    g = bench._char_gpt("glcomp")
-    assert w.classes == g.vocab_size and w.x_shape == (16, 32) == (g.batch_size, g.block_size)
-    assert (g.n_embd, g.n_head, g.n_layer, g.dropout) == (64, 4, 2, 0.0)
+    w = bench.WORKLOADS[name]
+    g = bench._char_gpt("glcomp", name)
+    shape, sizes = GPTS[name]
+    assert w.classes == g.vocab_size and w.x_shape == shape == (g.batch_size, g.block_size)
+    assert (g.n_embd, g.n_head, g.n_layer, g.dropout) == (*sizes, 0.0)
     ours = [(n, list(p.shape)) for n, p in w.model().named_parameters()]
-    assert sum(math.prod(s) for _, s in ours) == PARAMS["gpt"]
+    assert sum(math.prod(s) for _, s in ours) == PARAMS[name]
     x, y = bench._batch(w)
     assert x.shape == y.shape == w.x_shape and x.dtype == y.dtype == np.int32
     assert (x[:, 1:] == y[:, :-1]).all() and 0 <= x.min() and max(x.max(), y.max()) < w.classes
     assert set(w.feeds(x, y)) == {"idx", "targets"}
     torch = pytest.importorskip("torch")
-    assert ours == _torch_weights("gpt")
-    model, make_opt = bench._torch_model("gpt")
+    assert ours == _torch_weights(name)
+    model, make_opt = bench._torch_model(name)
     assert type(make_opt(model.parameters())).__name__ == "AdamW"
     logits, loss = model(torch.from_numpy(x).long(), torch.from_numpy(y).long())
     assert logits.shape == (w.x_shape[0] * w.x_shape[1], w.classes)  # the example's view(B * T, C)
@@ -197,8 +207,11 @@ def test_tfjs_twins_match_torch_layer_by_layer() -> None:
 
 @pytest.mark.slow_only
 def test_tfjs_gpt_matches_torch_weight_by_weight() -> None:
-    """The hand-written tfjs transformer has the torch twin's weights: the same names, shapes
-    (a Linear's [out, in]) and order, hence the same parameter count."""
-    tfjs = _tfjs_describe(("gpt",))["gpt"]
-    assert tfjs["params"] == PARAMS["gpt"]
-    assert [(r["name"], r["shape"]) for r in tfjs["weights"]] == _torch_weights("gpt")
+    """The hand-written tfjs transformer has the torch twin's weights at each of bench.py's GPT
+    sizes: the same names, shapes (a Linear's [out, in]) and order, hence the same parameter
+    count."""
+    described = _tfjs_describe(tuple(GPTS))
+    for name in GPTS:
+        tfjs = described[name]
+        assert tfjs["params"] == PARAMS[name], name
+        assert [(r["name"], r["shape"]) for r in tfjs["weights"]] == _torch_weights(name), name

@@ -95,3 +95,19 @@ def test_main_times_the_three_passes_of_one_small_layer(tmp_path: Path, gl_ctx: 
     record = json.loads(out.read_text())
     assert record["ceiling_tflops"] == 1.0 and record["target"] == "webgl2"
     assert record["rows"] == rows
+
+
+def test_a_1x1_layer_lowered_to_products_splits_into_its_gradients() -> None:
+    """On a target with a width (webgl2-gpu) the pointwise pass makes a 1x1 convolution and its
+    gradients matmuls: dx and dw are still told apart, by the draws that write each gradient
+    (kernels.py --realistic raised here once, on MobileNet's pointwise layer)."""
+    k = _kernels()
+    case = k.ConvCase(2, 32, 64, (8, 8), 1, 1, 0, 1, False)
+    prog, split, no_mrt = k.plan_conv(case, "webgl2-gpu")
+    entry = prog.bundle().manifest["entries"]["gradients"]
+    ops = [k._root_op(d["kernel"]) for d in entry["draws"]]
+    assert "conv2d_input_grad" not in ops and "conv2d_weight_grad" not in ops  # products, not convs
+    dx, dw = set(split["dx"]), set(split["dw"])
+    assert dx and dw and not dx & dw and not no_mrt
+    for idx in (dx, dw):  # a product's draw (tiled: its block draw, "k4_reshape_mm") in each
+        assert any(ops[i] == "matmul" or ops[i].endswith("_mm") for i in idx), ops
